@@ -1,0 +1,322 @@
+"""Model architectures: what a transformer reads and computes per token, derived from its config.
+
+This module owns the translation from a Hugging Face ``config.json`` (dict), a bare size such as
+``"7B"``, or GGUF metadata into an `Architecture`: parameter groups (embedding, LM head, always-read
+dense weights, routed experts), the KV-cache elements stored per token (GQA/MQA heads, MLA's
+compressed latent, sliding-window layers) and the attention FLOPs per context token. It is pure:
+reading files happens in `speedlimit.catalog` and `speedlimit.gguf_model`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from speedlimit.errors import SpeedlimitError
+
+# Model types whose MLP is a plain up/down projection (2 matrices) rather than a gated one (3).
+_UNGATED_MLP_TYPES = {"gpt2", "gpt_neox", "gptj", "opt", "falcon", "phi", "bloom", "starcoder2", "gpt_bigcode", "mpt"}
+# Model types whose configs default to tied input/output embeddings when the key is absent.
+_TIED_BY_DEFAULT_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "smollm3"}
+# Model types that put biases on q/k/v.
+_QKV_BIAS_TYPES = {"qwen2", "qwen2_moe"}
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """Exact bytes of each parameter group, when a file tells us (GGUF)."""
+
+    embedding: float
+    lm_head: float  # 0 when tied
+    dense: float
+    expert: float  # one routed expert, summed over all MoE layers
+    file_type: str = ""
+
+    @property
+    def total(self) -> float:
+        return self.embedding + self.lm_head + self.dense
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Per-token cost structure of a decoder-only transformer (counts, not bytes).
+
+    ``expert_params`` is the size of ONE routed expert summed over all MoE layers, so reading
+    ``u`` distinct experts per layer costs ``u * expert_params`` parameters.
+    """
+
+    name: str
+    hidden_size: int
+    n_layers: int
+    vocab_size: int
+    embedding_params: float
+    lm_head_params: float  # 0 when the head is tied to the embedding
+    dense_params: float  # read every step: attention, dense MLPs, shared experts, routers, norms
+    expert_params: float = 0.0
+    n_experts: int = 0
+    experts_per_token: int = 0
+    n_heads: int = 0
+    n_kv_heads: int = 0
+    head_dim: int = 0
+    kv_elements_per_token_global: float = 0.0  # K+V elements per context token, full-attention layers
+    kv_elements_per_token_local: float = 0.0  # same for sliding-window layers
+    sliding_window: int = 0
+    attn_flops_per_ctx_global: float = 0.0  # FLOPs per (query token, context token), full-attention layers
+    attn_flops_per_ctx_local: float = 0.0
+    attention: str = "unknown"  # mha | gqa | mqa | mla | unknown
+    max_context: int = 0
+    source: str = ""
+    weight_bytes: WeightBytes | None = field(default=None, compare=False)
+
+    @property
+    def tied_embeddings(self) -> bool:
+        return self.lm_head_params == 0 and self.embedding_params > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def total_params(self) -> float:
+        return self.embedding_params + self.lm_head_params + self.dense_params + self.n_experts * self.expert_params
+
+    @property
+    def active_params(self) -> float:
+        """Parameters touched per token (embeddings included, as model cards count them)."""
+        return self.embedding_params + self.lm_head_params + self.dense_params + self.experts_per_token * self.expert_params
+
+    @property
+    def head_params(self) -> float:
+        """Parameters of the output projection, which reads the embedding matrix when tied."""
+        return self.lm_head_params if self.lm_head_params else self.embedding_params
+
+    @property
+    def matmul_params_per_token(self) -> float:
+        """Parameters multiplied per token (embedding lookup is a gather, the head is a matmul)."""
+        return self.head_params + self.dense_params + self.experts_per_token * self.expert_params
+
+    def kv_elements_per_token(self) -> float:
+        return self.kv_elements_per_token_global + self.kv_elements_per_token_local
+
+
+# --------------------------------------------------------------------------------------------
+# bare sizes
+
+
+_SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?(?:e[+-]?\d+)?)\s*(?P<unit>[kmbt]?)\s*$", re.IGNORECASE)
+_UNIT = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def parse_param_count(text: str) -> float | None:
+    """``"7B"`` → 7e9, ``"70e9"`` → 7e10, ``"135M"`` → 1.35e8; None if the text is not a size."""
+    match = _SIZE.match(text)
+    if not match:
+        return None
+    value = float(match.group("num")) * _UNIT[match.group("unit").lower()]
+    return value
+
+
+def architecture_from_param_count(params: float, name: str | None = None) -> Architecture:
+    """A dense model known only by its parameter count: every parameter is read per token, no KV model."""
+    if not math.isfinite(params) or params <= 0:
+        raise SpeedlimitError(f"model size must be a positive number of parameters, got {params:g}")
+    if params > 1e15:
+        raise SpeedlimitError(f"model size {params:.3g} parameters is absurd (> 1e15); use e.g. 7B or 70e9")
+    return Architecture(
+        name=name or _format_params(params),
+        hidden_size=0,
+        n_layers=0,
+        vocab_size=0,
+        embedding_params=0.0,
+        lm_head_params=0.0,
+        dense_params=float(params),
+        source="parameter count only (dense; no KV cache or attention model)",
+    )
+
+
+def _format_params(params: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if params >= scale:
+            return f"{params / scale:g}{unit}"
+    return f"{params:g}"
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face configs
+
+
+def _flatten_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Multimodal configs (Llama 4, Gemma 3) nest the language model under ``text_config``."""
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        merged = {k: v for k, v in config.items() if k != "text_config"}
+        merged.update(text)
+        return merged
+    return config
+
+
+def _int(config: dict[str, Any], *keys: str, default: int | None = None) -> int:
+    for key in keys:
+        value = config.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
+                raise SpeedlimitError(f"config key {key!r} must be a non-negative number, got {value!r}")
+            return int(value)
+    if default is None:
+        raise SpeedlimitError(f"config is missing {' / '.join(repr(k) for k in keys)}: is this a decoder-only LLM config.json?")
+    return default
+
+
+def _local_layer_count(config: dict[str, Any], model_type: str, n_layers: int) -> tuple[int, int]:
+    """(number of sliding-window layers, window) from the config's own conventions."""
+    window = config.get("sliding_window") or 0
+    if model_type.startswith("qwen") and not config.get("use_sliding_window", False):
+        return 0, 0
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        n_local = sum(1 for kind in layer_types[:n_layers] if "sliding" in str(kind) or "chunked" in str(kind))
+        return (n_local, int(window)) if window else (0, 0)
+    if not window:
+        return 0, 0
+    if model_type == "gemma2":
+        return (n_layers + 1) // 2, int(window)  # alternating local/global, local first
+    if model_type.startswith("gemma3"):
+        pattern = int(config.get("sliding_window_pattern") or 6)
+        return sum(1 for i in range(n_layers) if (i + 1) % pattern), int(window)
+    if window >= int(config.get("max_position_embeddings") or 0) > 0:
+        return 0, 0  # a window as long as the context changes nothing
+    return n_layers, int(window)
+
+
+def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: str = "") -> Architecture:
+    """Derive an `Architecture` from a Hugging Face ``config.json`` dict.
+
+    Handles dense (Llama, Mistral, Qwen, Gemma, Phi-3, SmolLM), GQA/MQA, sliding-window layers, MoE
+    (Mixtral, Qwen-MoE, DeepSeek, gpt-oss, Llama 4: routed + shared experts, leading dense layers) and
+    DeepSeek's multi-head latent attention (MLA).
+    """
+    if not isinstance(config, dict):
+        raise SpeedlimitError("config must be a JSON object (a Hugging Face config.json)")
+    config = _flatten_config(config)
+    model_type = str(config.get("model_type", "")).lower()
+    hidden = _int(config, "hidden_size", "n_embd", "d_model")
+    n_layers = _int(config, "num_hidden_layers", "n_layer", "num_layers")
+    n_heads = _int(config, "num_attention_heads", "n_head")
+    n_kv_heads = _int(config, "num_key_value_heads", "num_kv_heads", default=n_heads)
+    vocab = _int(config, "vocab_size")
+    if min(hidden, n_layers, n_heads, vocab) <= 0 or n_kv_heads <= 0:
+        raise SpeedlimitError("config has a zero size (hidden_size, num_hidden_layers, num_attention_heads, vocab_size)")
+    if n_heads % n_kv_heads:
+        raise SpeedlimitError(f"num_attention_heads ({n_heads}) is not a multiple of num_key_value_heads ({n_kv_heads})")
+    head_dim = _int(config, "head_dim", default=hidden // n_heads)
+    intermediate = _int(config, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    tied_default = model_type in _TIED_BY_DEFAULT_TYPES
+    tied = bool(config.get("tie_word_embeddings", tied_default))
+    mlp_matrices = 2 if model_type in _UNGATED_MLP_TYPES else 3
+
+    # --- attention ------------------------------------------------------------------------
+    kv_lora_rank = int(config.get("kv_lora_rank") or 0)
+    if kv_lora_rank:  # DeepSeek multi-head latent attention
+        q_lora_rank = int(config.get("q_lora_rank") or 0)
+        rope_dim = _int(config, "qk_rope_head_dim")
+        nope_dim = _int(config, "qk_nope_head_dim")
+        v_head_dim = _int(config, "v_head_dim", default=nope_dim)
+        q_head = nope_dim + rope_dim
+        if q_lora_rank:
+            q_params = hidden * q_lora_rank + q_lora_rank + q_lora_rank * n_heads * q_head
+        else:
+            q_params = hidden * n_heads * q_head
+        kv_params = hidden * (kv_lora_rank + rope_dim) + kv_lora_rank + kv_lora_rank * n_heads * (nope_dim + v_head_dim)
+        attn_params = q_params + kv_params + n_heads * v_head_dim * hidden
+        # One latent (kv_lora_rank) plus the shared RoPE key per token per layer.
+        kv_elements_per_layer = kv_lora_rank + rope_dim
+        # Decode with absorbed projections: scores over (latent + rope), values over the latent.
+        attn_flops_per_ctx_layer = 2 * n_heads * (kv_lora_rank + rope_dim) + 2 * n_heads * kv_lora_rank
+        attention = "mla"
+    else:
+        attn_params = hidden * n_heads * head_dim + 2 * hidden * n_kv_heads * head_dim + n_heads * head_dim * hidden
+        if config.get("attention_bias") or model_type in _QKV_BIAS_TYPES:
+            attn_params += n_heads * head_dim + 2 * n_kv_heads * head_dim
+        kv_elements_per_layer = 2 * n_kv_heads * head_dim
+        attn_flops_per_ctx_layer = 4 * n_heads * head_dim  # QK^T and softmax·V, 2 FLOPs per MAC
+        attention = "mha" if n_kv_heads == n_heads else ("mqa" if n_kv_heads == 1 else "gqa")
+    norm_params_per_layer = 2 * hidden
+
+    # --- MLP / experts ----------------------------------------------------------------------
+    n_experts = _int(config, "n_routed_experts", "num_local_experts", "num_experts", default=0)
+    experts_per_token = _int(config, "num_experts_per_tok", "experts_per_token", "num_experts_per_token", default=0)
+    if n_experts and not experts_per_token:
+        raise SpeedlimitError("MoE config has experts but no num_experts_per_tok")
+    if experts_per_token > n_experts:
+        raise SpeedlimitError(f"num_experts_per_tok ({experts_per_token}) exceeds the number of experts ({n_experts})")
+    dense_mlp = mlp_matrices * hidden * intermediate
+    if n_experts:
+        expert_inter = _int(config, "moe_intermediate_size", default=intermediate)
+        expert_layer_params = mlp_matrices * hidden * expert_inter
+        if config.get("mlp_bias") or model_type == "gpt_oss":
+            expert_layer_params += 2 * expert_inter + hidden  # gate/up and down biases
+        shared = _int(config, "n_shared_experts", default=0) * mlp_matrices * hidden * expert_inter
+        shared += mlp_matrices * hidden * _int(config, "shared_expert_intermediate_size", default=0)
+        if model_type.startswith("llama4"):
+            shared = mlp_matrices * hidden * expert_inter  # one shared expert per MoE layer
+            dense_mlp = mlp_matrices * hidden * _int(config, "intermediate_size_mlp", default=intermediate)
+        router = hidden * n_experts
+        moe_layers = _moe_layer_indices(config, model_type, n_layers)
+        n_moe = len(moe_layers)
+        dense_params = n_layers * (attn_params + norm_params_per_layer) + (n_layers - n_moe) * dense_mlp + n_moe * (shared + router)
+        expert_params = float(n_moe * expert_layer_params)
+    else:
+        dense_params = n_layers * (attn_params + norm_params_per_layer + dense_mlp)
+        expert_params = 0.0
+    dense_params += hidden  # final norm
+
+    n_local, window = _local_layer_count(config, model_type, n_layers)
+    n_global = n_layers - n_local
+    embedding = vocab * hidden
+    return Architecture(
+        name=name or str(config.get("_name_or_path") or model_type or "config"),
+        hidden_size=hidden,
+        n_layers=n_layers,
+        vocab_size=vocab,
+        embedding_params=float(embedding),
+        lm_head_params=0.0 if tied else float(embedding),
+        dense_params=float(dense_params),
+        expert_params=expert_params,
+        n_experts=n_experts,
+        experts_per_token=experts_per_token,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        kv_elements_per_token_global=float(n_global * kv_elements_per_layer),
+        kv_elements_per_token_local=float(n_local * kv_elements_per_layer),
+        sliding_window=window if n_local else 0,
+        attn_flops_per_ctx_global=float(n_global * attn_flops_per_ctx_layer),
+        attn_flops_per_ctx_local=float(n_local * attn_flops_per_ctx_layer),
+        attention=attention,
+        max_context=int(config.get("max_position_embeddings") or 0),
+        source=source,
+    )
+
+
+def _moe_layer_indices(config: dict[str, Any], model_type: str, n_layers: int) -> list[int]:
+    """Which layers hold routed experts, per each family's config keys."""
+    first_dense = int(config.get("first_k_dense_replace") or 0)
+    freq = int(config.get("moe_layer_freq") or config.get("decoder_sparse_step") or config.get("interleave_moe_layer_step") or 1)
+    mlp_only = set(config.get("mlp_only_layers") or [])
+    layers = []
+    for i in range(n_layers):
+        if i < first_dense or i in mlp_only:
+            continue
+        if model_type.startswith("llama4"):
+            if (i + 1) % freq:
+                continue
+        elif i % freq:
+            continue
+        layers.append(i)
+    return layers
+
+
+def with_weight_bytes(arch: Architecture, weight_bytes: WeightBytes) -> Architecture:
+    return replace(arch, weight_bytes=weight_bytes)

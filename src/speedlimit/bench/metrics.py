@@ -1,0 +1,216 @@
+"""Pure metrics for `speedlimit bench`: the per-request record, percentiles, SLO/goodput, run summary, sweep knee.
+
+No I/O here: everything takes hand-made numbers and returns plain dicts, so it is unit-tested with fabricated
+timings. Definitions (seconds throughout):
+
+- TTFT: request sent -> first SSE event that carries generated text.
+- ITL: every gap between consecutive text-carrying events of one request (pooled over requests in the summary).
+- TPOT: (E2E - TTFT) / (output_tokens - 1), so it spreads multi-token chunks over their tokens.
+- E2E: request sent -> end of the response stream.
+- Throughput figures divide totals of *completed* requests by the run's wall time (first send -> last end).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from speedlimit.errors import SpeedlimitError
+
+PERCENTILES = (50, 90, 95, 99)
+
+#: Error kinds a request can end with (None = completed). `http_<status>` covers every non-200 status.
+ERROR_KINDS = ("connect", "disconnect", "malformed_sse", "timeout", "empty", "server_error", "http_<status>", "client")
+
+
+@dataclass
+class RequestRecord:
+    """What one request did. Timestamps are `time.perf_counter_ns()` values; durations are seconds."""
+
+    index: int
+    start_ns: int = 0
+    end_ns: int = 0
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    e2e_s: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    output_chunks: int = 0
+    token_count_source: str = "chunks"  # usage | tokenizer | chunks
+    prompt_token_source: str = "unknown"  # usage | tokenizer | words | unknown
+    http_status: int | None = None
+    error_kind: str | None = None
+    error_text: str | None = None
+    finish_reason: str | None = None
+    output_text: str = ""  # kept in memory for token recounting; not written to requests.jsonl
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2E - TTFT)/(n - 1); None when it is undefined (fewer than 2 tokens or a failed request)."""
+        if self.e2e_s is None or self.ttft_s is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The requests.jsonl row: every field but the output text, plus TPOT."""
+        row = asdict(self)
+        row.pop("output_text")
+        row["tpot_s"] = self.tpot_s
+        row["output_chars"] = len(self.output_text)
+        return row
+
+
+def distribution(values: Iterable[float]) -> dict[str, float | int | None]:
+    """mean/p50/p90/p95/p99/min/max/n of `values` (linear-interpolated percentiles); None fields when empty."""
+    array = np.asarray([v for v in values if v is not None], dtype=float)
+    if array.size == 0:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "min": None, "max": None, "n": 0}
+    quantiles = np.percentile(array, PERCENTILES)
+    return {
+        "mean": float(array.mean()),
+        **{f"p{p}": float(q) for p, q in zip(PERCENTILES, quantiles)},
+        "min": float(array.min()),
+        "max": float(array.max()),
+        "n": int(array.size),
+    }
+
+
+# --- SLOs and goodput ---------------------------------------------------------------------------
+
+SLO_KEYS = {
+    "ttft": "time to first token of the request",
+    "itl": "p99 of the request's own inter-token gaps (its max when it has < 100 gaps)",
+    "tpot": "time per output token of the request",
+    "e2e": "end-to-end latency of the request",
+}
+
+_DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(ms|s|us)?\s*$", re.IGNORECASE)
+
+
+def parse_duration_s(text: str) -> float:
+    """'0.5', '0.5s', '500ms', '800us' -> seconds."""
+    match = _DURATION_RE.match(text)
+    if not match:
+        raise SpeedlimitError(f"cannot read duration {text!r}: use seconds like 0.5, 0.5s or 500ms")
+    value = float(match.group(1))
+    unit = (match.group(2) or "s").lower()
+    return value * {"s": 1.0, "ms": 1e-3, "us": 1e-6}[unit]
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """'ttft=500ms,itl=50ms' -> {'ttft': 0.5, 'itl': 0.05}; keys from SLO_KEYS."""
+    if not text:
+        return {}
+    slo: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in SLO_KEYS:
+            raise SpeedlimitError(f"bad --slo part {part!r}: use key=duration with keys {', '.join(SLO_KEYS)}")
+        slo[key] = parse_duration_s(value)
+    return slo
+
+
+def request_itl_p99_s(record: RequestRecord) -> float | None:
+    if not record.itl_s:
+        return None
+    return float(np.percentile(np.asarray(record.itl_s, dtype=float), 99))
+
+
+def meets_slo(record: RequestRecord, slo: dict[str, float]) -> bool:
+    """True when a completed request meets every SLO bound; a missing measurement (e.g. no ITL) passes that bound."""
+    if not record.ok:
+        return False
+    measured = {"ttft": record.ttft_s, "itl": request_itl_p99_s(record), "tpot": record.tpot_s, "e2e": record.e2e_s}
+    return all(measured[key] is None or measured[key] <= bound for key, bound in slo.items())
+
+
+# --- run summary --------------------------------------------------------------------------------
+
+
+def _dominant_source(sources: Sequence[str]) -> tuple[str, dict[str, int]]:
+    counts: dict[str, int] = {}
+    for source in sources:
+        counts[source] = counts.get(source, 0) + 1
+    if not counts:
+        return "none", counts
+    return (next(iter(counts)) if len(counts) == 1 else "mixed"), counts
+
+
+def summarize(records: Sequence[RequestRecord], duration_s: float, slo: dict[str, float] | None = None) -> dict:
+    """The run summary (schema in docs: keys requests, completed, errors, ttft_s, ..., token_count_source)."""
+    slo = slo or {}
+    done = [r for r in records if r.ok]
+    errors: dict[str, int] = {}
+    for record in records:
+        if record.error_kind:
+            errors[record.error_kind] = errors.get(record.error_kind, 0) + 1
+    output_tokens = sum(r.output_tokens or 0 for r in done)
+    prompt_tokens = sum(r.prompt_tokens or 0 for r in done)
+    good = sum(1 for r in done if meets_slo(r, slo))
+    rate = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
+    token_source, token_sources = _dominant_source([r.token_count_source for r in done])
+    prompt_source, prompt_sources = _dominant_source([r.prompt_token_source for r in done])
+    busy_s = sum(r.e2e_s or 0.0 for r in records)
+    return {
+        "requests": len(records),
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "errors": dict(sorted(errors.items())),
+        "duration_s": duration_s,
+        "ttft_s": distribution(r.ttft_s for r in done),
+        "itl_s": distribution(gap for r in done for gap in r.itl_s),
+        "tpot_s": distribution(r.tpot_s for r in done),
+        "e2e_s": distribution(r.e2e_s for r in done),
+        "request_s": rate(len(done)),
+        "output_tok_s": rate(output_tokens),
+        "input_tok_s": rate(prompt_tokens),
+        "total_tok_s": rate(output_tokens + prompt_tokens),
+        "output_tokens": output_tokens,
+        "prompt_tokens": prompt_tokens,
+        "mean_in_flight": rate(busy_s),
+        "slo": {key: value for key, value in slo.items()},
+        "goodput_requests": good,
+        "goodput_request_s": rate(good),
+        "token_count_source": token_source,
+        "token_count_sources": token_sources,
+        "prompt_token_source": prompt_source,
+        "prompt_token_sources": prompt_sources,
+    }
+
+
+# --- sweeps: knee and saturation -----------------------------------------------------------------
+
+
+def find_knee(loads: Sequence[float], output_tok_s: Sequence[float], fraction: float = 0.9) -> dict[str, Any]:
+    """Saturation throughput = the best measured output tok/s; knee = the lowest load reaching `fraction` of it.
+
+    Past the knee, more load buys < (1 - fraction) more throughput and only adds queueing latency.
+    """
+    if len(loads) != len(output_tok_s) or not loads:
+        raise SpeedlimitError("a sweep needs at least one point with a throughput")
+    if not 0 < fraction <= 1:
+        raise SpeedlimitError("the knee fraction must be in (0, 1]")
+    order = sorted(range(len(loads)), key=lambda i: loads[i])
+    saturation = max(output_tok_s)
+    knee_index = next(i for i in order if output_tok_s[i] >= fraction * saturation - 1e-12)
+    best_index = max(order, key=lambda i: (output_tok_s[i], -loads[i]))
+    return {
+        "saturation_output_tok_s": float(saturation),
+        "saturation_load": loads[best_index],
+        "knee_load": loads[knee_index],
+        "knee_output_tok_s": float(output_tok_s[knee_index]),
+        "knee_fraction": fraction,
+    }
+
+
+def finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

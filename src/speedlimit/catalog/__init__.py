@@ -1,0 +1,164 @@
+"""Catalogs: the thin layer that loads the bundled data files and resolves what users type.
+
+Data lives beside this module: ``hardware.toml`` (devices, each with its vendor source),
+``models.toml`` (Hugging Face config subsets with their source and published parameter counts) and
+``efficiency.toml`` (achievable fractions of peak per kind of device, with their basis). This module
+turns names, aliases, config.json paths, .gguf paths and bare sizes into `Architecture` and
+`Hardware` objects, and unknown names into a one-line error with the closest match.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from speedlimit.architecture import (
+    Architecture,
+    architecture_from_hf_config,
+    architecture_from_param_count,
+    parse_param_count,
+)
+from speedlimit.errors import SpeedlimitError
+from speedlimit.hardware import Efficiency, Hardware, _first_pydantic_message
+from speedlimit.suggest import did_you_mean
+
+
+def _load_toml(filename: str) -> dict[str, Any]:
+    return tomllib.loads(resources.files(__package__).joinpath(filename).read_text(encoding="utf-8"))
+
+
+def _normalize(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+# --------------------------------------------------------------------------------------------
+# models
+
+
+@cache
+def model_entries() -> dict[str, dict[str, Any]]:
+    """Raw catalog rows keyed by slug (HF config subset under ``config``)."""
+    return _load_toml("models.toml")
+
+
+@cache
+def _model_aliases() -> dict[str, str]:
+    aliases: dict[str, str] = {}
+    for key, entry in model_entries().items():
+        aliases[_normalize(key)] = key
+        for alias in entry.get("aliases", []):
+            aliases[_normalize(alias)] = key
+    return aliases
+
+
+@cache
+def catalog_model(key: str) -> Architecture:
+    entry = model_entries()[key]
+    return architecture_from_hf_config(entry["config"], name=key, source=entry.get("source", ""))
+
+
+def model_names() -> list[str]:
+    return list(model_entries())
+
+
+def resolve_model(text: str) -> Architecture:
+    """A catalog name/alias, a path to config.json or .gguf, or a bare size (``7B``, ``70e9``)."""
+    if not isinstance(text, str) or not text.strip():
+        raise SpeedlimitError("--model is empty: pass a catalog name (see `speedlimit models`), a config.json, a .gguf, or a size like 7B")
+    key = _model_aliases().get(_normalize(text))
+    if key:
+        return catalog_model(key)
+    path = Path(text).expanduser()
+    if path.suffix.lower() == ".gguf" or (path.is_file() and path.read_bytes()[:4] == b"GGUF"):
+        from speedlimit.gguf_model import architecture_from_gguf  # I/O edge, imported on demand
+
+        return architecture_from_gguf(path)
+    if path.suffix.lower() == ".json" or path.is_dir():
+        return architecture_from_config_file(path)
+    params = parse_param_count(text)
+    if params is not None:
+        return architecture_from_param_count(params)
+    raise SpeedlimitError(
+        f"unknown model {text!r}{did_you_mean(_normalize(text), _model_aliases())}; "
+        "see `speedlimit models`, or pass a config.json, a .gguf file, or a size like 7B"
+    )
+
+
+def architecture_from_config_file(path: Path) -> Architecture:
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise SpeedlimitError(f"no such config file: {path}")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise SpeedlimitError(f"{path} is not valid JSON ({error}); pass a Hugging Face config.json") from None
+    return architecture_from_hf_config(config, name=path.parent.name or path.stem, source=str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# hardware
+
+
+@cache
+def hardware_entries() -> dict[str, dict[str, Any]]:
+    return _load_toml("hardware.toml")
+
+
+@cache
+def _hardware_aliases() -> dict[str, str]:
+    aliases: dict[str, str] = {}
+    for key, entry in hardware_entries().items():
+        aliases[_normalize(key)] = key
+        for alias in entry.get("aliases", []):
+            aliases[_normalize(alias)] = key
+    return aliases
+
+
+@cache
+def catalog_hardware(key: str) -> Hardware:
+    try:
+        return Hardware(key=key, **hardware_entries()[key])
+    except ValidationError as error:  # a broken data file is our bug, but say where
+        raise SpeedlimitError(f"hardware catalog entry {key!r} is invalid: {_first_pydantic_message(error)}") from None
+
+
+def hardware_names() -> list[str]:
+    return list(hardware_entries())
+
+
+def resolve_hardware(text: str) -> Hardware:
+    key = _hardware_aliases().get(_normalize(text))
+    if key:
+        return catalog_hardware(key)
+    from speedlimit.calibration import load_profile_hardware  # profiles are user files: on demand
+
+    profile = load_profile_hardware(text)
+    if profile is not None:
+        return profile
+    raise SpeedlimitError(
+        f"unknown hardware {text!r}{did_you_mean(_normalize(text), _hardware_aliases())}; "
+        "see `speedlimit hardware`, or give --bandwidth BYTES_PER_S [--flops FLOP_PER_S] [--memory BYTES]"
+    )
+
+
+@cache
+def efficiency_defaults() -> dict[str, dict[str, Any]]:
+    return _load_toml("efficiency.toml")
+
+
+def default_efficiency(hardware: Hardware) -> Efficiency:
+    """The achievable-fraction defaults for a device: its own row if it has one, else its kind's."""
+    table = efficiency_defaults()
+    row = dict(table.get(hardware.kind) or table["gpu"])
+    for field in ("bw_efficiency", "flops_efficiency", "step_overhead_s"):
+        own = getattr(hardware, field, None) if hardware.model_extra else None
+        if own is not None:
+            row[field] = own
+    return Efficiency(**{k: row[k] for k in ("bw_efficiency", "flops_efficiency", "step_overhead_s")}, basis=row.get("basis", ""))

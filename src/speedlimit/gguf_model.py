@@ -1,0 +1,141 @@
+"""GGUF files as estimator input: architecture from metadata, exact bytes from every tensor.
+
+Reading is done by the `gguf` package (`GGUFReader`, memory-mapped, so a 40 GB file costs nothing
+to open); this module only maps llama.cpp's metadata keys onto an `Architecture` and sums the real
+tensor byte sizes into embedding / LM head / always-read / per-expert groups.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+from speedlimit.architecture import Architecture, WeightBytes
+from speedlimit.errors import SpeedlimitError
+
+
+def _field(reader: gguf.GGUFReader, key: str) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    value = field.contents()
+    if isinstance(value, list):  # per-layer arrays (e.g. head_count_kv): use the most common value
+        numbers = [v for v in value if isinstance(v, (int, float))]
+        return Counter(numbers).most_common(1)[0][0] if numbers else None
+    return value
+
+
+def read_gguf(path: Path) -> gguf.GGUFReader:
+    """Open a GGUF file, turning every failure into a one-line `SpeedlimitError`."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise SpeedlimitError(f"no such GGUF file: {path}")
+    try:
+        return gguf.GGUFReader(path, "r")
+    except Exception as error:  # the reader raises ValueError/struct errors/IndexError on bad files
+        raise SpeedlimitError(f"{path} is not a readable GGUF file ({type(error).__name__}: {error})") from None
+
+
+def architecture_from_gguf(path: Path) -> Architecture:
+    """Architecture and exact weight bytes of a ``.gguf`` file."""
+    reader = read_gguf(path)
+    arch = _field(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise SpeedlimitError(f"{path} has no general.architecture: is it a model GGUF?")
+
+    def meta(suffix: str, default: Any = None) -> Any:
+        value = _field(reader, f"{arch}.{suffix}")
+        return default if value is None else value
+
+    n_layers = int(meta("block_count", 0))
+    hidden = int(meta("embedding_length", 0))
+    n_heads = int(meta("attention.head_count", 0))
+    if not (n_layers and hidden and n_heads):
+        raise SpeedlimitError(f"{path} lacks {arch}.block_count/embedding_length/attention.head_count metadata")
+    n_kv_heads = int(meta("attention.head_count_kv", n_heads)) or n_heads
+    key_length = int(meta("attention.key_length", hidden // n_heads))
+    value_length = int(meta("attention.value_length", key_length))
+    n_experts = int(meta("expert_count", 0))
+    experts_per_token = int(meta("expert_used_count", 0))
+    kv_lora_rank = int(meta("attention.kv_lora_rank", 0))
+    window = int(meta("attention.sliding_window", 0))
+
+    embedding = lm_head = dense = experts = 0.0
+    embedding_bytes = lm_head_bytes = dense_bytes = expert_bytes = 0.0
+    types: Counter[str] = Counter()
+    vocab = 0
+    for tensor in reader.tensors:
+        name, n_elements, n_bytes = tensor.name, float(tensor.n_elements), float(tensor.n_bytes)
+        types[tensor.tensor_type.name.lower()] += int(n_elements)
+        if name == "token_embd.weight":
+            embedding, embedding_bytes = n_elements, n_bytes
+            vocab = int(max(tensor.shape))
+        elif name == "output.weight":
+            lm_head, lm_head_bytes = n_elements, n_bytes
+        elif "_exps" in name:  # stacked routed experts; shared experts are "_shexp"
+            experts += n_elements
+            expert_bytes += n_bytes
+        else:
+            dense += n_elements
+            dense_bytes += n_bytes
+    if not reader.tensors:
+        raise SpeedlimitError(f"{path} contains no tensors")
+    if n_experts:
+        experts /= n_experts
+        expert_bytes /= n_experts
+    else:
+        experts_per_token = 0
+
+    if kv_lora_rank:
+        rope_dim = int(meta("rope.dimension_count", 64))
+        kv_per_layer = kv_lora_rank + rope_dim
+        attn_flops_per_layer = 2 * n_heads * (kv_lora_rank + rope_dim) + 2 * n_heads * kv_lora_rank
+        attention = "mla"
+    else:
+        kv_per_layer = n_kv_heads * (key_length + value_length)
+        attn_flops_per_layer = 2 * n_heads * (key_length + value_length)
+        attention = "mha" if n_kv_heads == n_heads else ("mqa" if n_kv_heads == 1 else "gqa")
+    # GGUF marks sliding-window models by window size; layer patterns are per-architecture in llama.cpp.
+    local_fraction = {"gemma2": 0.5, "gemma3": 5 / 6, "gpt-oss": 0.5, "gpt_oss": 0.5}.get(arch, 1.0 if window else 0.0)
+    n_local = round(n_layers * local_fraction) if window else 0
+    n_global = n_layers - n_local
+    main_type = types.most_common(1)[0][0] if types else ""
+    file_type = _file_type_name(_field(reader, "general.file_type")) or main_type
+    return Architecture(
+        name=str(_field(reader, "general.name") or Path(path).stem),
+        hidden_size=hidden,
+        n_layers=n_layers,
+        vocab_size=vocab,
+        embedding_params=embedding,
+        lm_head_params=lm_head,
+        dense_params=dense,
+        expert_params=experts,
+        n_experts=n_experts,
+        experts_per_token=experts_per_token,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=key_length,
+        kv_elements_per_token_global=float(n_global * kv_per_layer),
+        kv_elements_per_token_local=float(n_local * kv_per_layer),
+        sliding_window=window if n_local else 0,
+        attn_flops_per_ctx_global=float(n_global * attn_flops_per_layer),
+        attn_flops_per_ctx_local=float(n_local * attn_flops_per_layer),
+        attention=attention,
+        max_context=int(meta("context_length", 0)),
+        source=str(path),
+        weight_bytes=WeightBytes(
+            embedding=embedding_bytes, lm_head=lm_head_bytes, dense=dense_bytes, expert=expert_bytes, file_type=file_type
+        ),
+    )
+
+
+def _file_type_name(value: Any) -> str:
+    if value is None:
+        return ""
+    try:
+        return gguf.LlamaFileType(int(value)).name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+    except ValueError:
+        return ""
