@@ -21,6 +21,15 @@ app = typer.Typer(
 )
 
 # --- command registration (one line per leg) ---------------------------------------------
+from speedlimit.bench.cli import bench_command  # noqa: E402
+
+app.command("bench")(bench_command)
+from speedlimit.estimator.command import estimate_command, hardware_command, models_command, sweep_command  # noqa: E402
+
+app.command("estimate")(estimate_command)
+app.command("sweep")(sweep_command)
+app.command("models")(models_command)
+app.command("hardware")(hardware_command)
 
 
 def main() -> None:

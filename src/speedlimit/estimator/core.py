@@ -70,8 +70,8 @@ def expected_experts_read(n_experts, experts_per_token, tokens):
     probability (1 - k/E)^tokens: E · (1 - (1 - k/E)^tokens). Zero for dense models.
     """
     n_experts = np.asarray(n_experts, dtype=float)
-    safe_e = np.where(n_experts > 0, n_experts, 1.0)
-    miss = np.power(1.0 - np.asarray(experts_per_token, dtype=float) / safe_e, tokens)
+    picked = np.where(n_experts > 0, np.asarray(experts_per_token, dtype=float) / np.where(n_experts > 0, n_experts, 1.0), 0.0)
+    miss = np.power(1.0 - picked, tokens)
     return np.where(n_experts > 0, n_experts * (1.0 - miss), 0.0)
 
 
@@ -154,13 +154,12 @@ def mean_decode_step_seconds(cost: CostModel, machine: Machine, batch, context_s
             at = lo + (hi - lo) * g_lo / np.where(changes, g_lo - g_hi, 1.0)
         return np.where(changes, at, lo)
 
-    points = np.stack(np.broadcast_arrays(start, end, knee, crossing(start, knee), crossing(knee, end)), axis=-1)
-    points = np.sort(points, axis=-1)
-    times = decode_step_seconds(cost, machine, np.expand_dims(batch, -1) if np.ndim(batch) else batch, points)
+    points = np.sort(np.stack(np.broadcast_arrays(start, end, knee, crossing(start, knee), crossing(knee, end))), axis=0)
+    times = [decode_step_seconds(cost, machine, batch, point) for point in points]
+    area = sum((times[i + 1] + times[i]) / 2 * (points[i + 1] - points[i]) for i in range(len(points) - 1))
     span = end - start
-    area = np.sum((times[..., 1:] + times[..., :-1]) / 2 * np.diff(points, axis=-1), axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(span > 0, area / np.where(span > 0, span, 1.0), times[..., 0])
+        return np.where(span > 0, area / np.where(span > 0, span, 1.0), times[0])
 
 
 def prefill_seconds(cost: CostModel, machine: Machine, batch, prompt):

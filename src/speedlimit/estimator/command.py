@@ -1,0 +1,275 @@
+"""CLI commands of the estimate leg: `estimate`, `sweep`, `models`, `hardware` (thin shells over the library)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from speedlimit.catalog import (
+    catalog_hardware,
+    catalog_model,
+    hardware_entries,
+    hardware_names,
+    model_entries,
+    model_names,
+)
+from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator.api import Estimate, estimate
+from speedlimit.hardware import custom_hardware
+from speedlimit.units import format_bytes, format_count, format_seconds, parse_quantity
+
+console = Console()
+
+
+def _parse_list(text: str, what: str) -> list[float]:
+    """``"1,2,4"`` or a doubling range ``"1:256"`` → numbers."""
+    text = text.strip()
+    if ":" in text:
+        start, _, stop = text.partition(":")
+        low, high = parse_quantity(start, what), parse_quantity(stop, what)
+        if low <= 0 or high < low:
+            raise SpeedlimitError(f"--{what} range {text!r} must be LOW:HIGH with 0 < LOW <= HIGH (doubling steps)")
+        values, value = [], low
+        while value <= high:
+            values.append(value)
+            value *= 2
+        return values
+    return [parse_quantity(part, what) for part in text.split(",") if part.strip()]
+
+
+def _hardware_arg(hardware: str | None, profile: str | None, bandwidth: str | None, flops: str | None, memory: str | None):
+    if profile:
+        return profile
+    if bandwidth is not None:
+        return custom_hardware(
+            parse_quantity(bandwidth, "bandwidth"),
+            parse_quantity(flops, "flops") if flops is not None else None,
+            parse_quantity(memory, "memory") if memory is not None else None,
+        )
+    if flops is not None or memory is not None:
+        raise SpeedlimitError("--flops and --memory describe custom hardware: give --bandwidth BYTES_PER_S too")
+    if not hardware:
+        raise SpeedlimitError("give --hardware NAME (see `speedlimit hardware`) or --bandwidth BYTES_PER_S")
+    return hardware
+
+
+def estimate_command(
+    model: Annotated[str, typer.Option("--model", "-m", help="Catalog name, path to config.json or .gguf, or a size like 7B.")],
+    hardware: Annotated[str | None, typer.Option("--hardware", "-H", help="Catalog name or calibrated profile (e.g. local).")] = None,
+    profile: Annotated[str | None, typer.Option(help="Calibrated profile name (from `speedlimit calibrate`).")] = None,
+    bandwidth: Annotated[str | None, typer.Option(help="Custom hardware: peak memory bandwidth, bytes/s (3.35e12, 3.35TB).")] = None,
+    flops: Annotated[str | None, typer.Option(help="Custom hardware: peak FLOP/s (989e12).")] = None,
+    memory: Annotated[str | None, typer.Option(help="Custom hardware: memory capacity, bytes (80e9, 80GB).")] = None,
+    weights: Annotated[str | None, typer.Option(help="Weight format: bits (16, 8, 4) or fp16/bf16/fp8/int8/int4/nf4/q4_0/q8_0/q4_k…")] = None,
+    kv: Annotated[str, typer.Option(help="KV-cache format: fp16, bf16, fp8, int8, int4.")] = "fp16",
+    batch: Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")] = 1,
+    prompt: Annotated[int, typer.Option("--prompt", "-p", help="Prompt tokens per sequence.")] = 512,
+    output: Annotated[int, typer.Option("--output", "-o", help="Generated tokens per sequence.")] = 256,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel devices.")] = 1,
+    ideal: Annotated[bool, typer.Option("--ideal", help="The seed formula: peak bandwidth ÷ weight bytes, nothing else.")] = False,
+    bw_efficiency: Annotated[float | None, typer.Option(help="Achievable fraction of peak bandwidth (0-1].")] = None,
+    flops_efficiency: Annotated[float | None, typer.Option(help="Achievable fraction of peak FLOP/s (0-1].")] = None,
+    usd_per_hour: Annotated[float | None, typer.Option(help="Price per device-hour, for cost per million tokens.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Also draw the batch curve and roofline to this PNG.")] = None,
+    allow_no_fit: Annotated[bool, typer.Option("--allow-no-fit", help="Report speed even when weights + KV cache exceed memory.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Predict TTFT, inter-token latency, tok/s, throughput and memory for one configuration."""
+    device = _hardware_arg(hardware, profile, bandwidth, flops, memory)
+    kwargs = dict(
+        weights=weights, kv=kv, batch=batch, prompt=prompt, output=output, tp=tp, ideal=ideal,
+        bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, usd_per_hour=usd_per_hour,
+    )  # fmt: skip
+    result = estimate(model, device, **kwargs)
+    if result.fits is False and not allow_no_fit:
+        raise SpeedlimitError(_does_not_fit(result))
+    if plot is not None:
+        from speedlimit.report import plot_estimate  # matplotlib only when asked
+
+        plot_estimate(model, device, plot, **kwargs)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict()))
+        return
+    console.print(estimate_table(result))
+    if plot is not None:
+        console.print(f"plot written to {plot}")
+
+
+def estimate_table(result: Estimate) -> Table:
+    """A person-readable table of one estimate."""
+    title = f"{result.model} on {result.hardware}" + (f" ×{result.tp}" if result.tp > 1 else "")
+    table = Table(title=title, caption=_caption(result), show_header=False, title_style="bold")
+    table.add_column(style="cyan")
+    table.add_column(justify="right", style="bold")
+    table.add_column(style="dim")
+    rows = [
+        ("decode speed (per user)", f"{result.decode_tok_s:,.1f} tok/s", f"ITL {format_seconds(result.itl_s)}"),
+        (f"time for a {result.output:,}-token reply", format_seconds(result.reply_s), "output × ITL"),
+        ("time to first token", format_seconds(result.ttft_s), f"prefill of {result.batch}×{result.prompt:,} tokens"),
+        ("end-to-end latency", format_seconds(result.e2e_s), "TTFT + (output − 1) × ITL"),
+        ("aggregate throughput", f"{result.throughput_tok_s:,.1f} tok/s", f"batch {result.batch}"),
+        ("bytes streamed / token", format_bytes(result.bytes_per_token), f"weights at {result.weight_bits:.3g} bits ({result.weights})"),
+        ("FLOPs / token", format_count(result.flops_per_token), f"intensity {result.arithmetic_intensity:,.1f} FLOP/byte"),
+        ("regime", f"{result.regime}-bound", _critical(result)),
+        ("parameters", format_count(result.total_params), f"active {format_count(result.active_params)}"),
+        ("weights + KV cache", format_bytes(result.memory_bytes), f"KV {format_bytes(result.kv_bytes_per_token)}/token ({result.kv})"),
+        ("fits in memory", _fits(result), f"max batch {_count_or_dash(result.max_batch)} at {result.prompt + result.output:,} tokens"),
+    ]
+    if result.tp > 1:
+        rows.append(("all-reduce / step", format_seconds(result.tp_comm_s), f"tensor parallel ×{result.tp}"))
+    if result.usd_per_million_tokens is not None:
+        rows.append(("cost", f"${result.usd_per_million_tokens:,.3f} / M tokens", "at full batch"))
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _does_not_fit(result: Estimate) -> str:
+    per_device = result.memory_capacity_bytes / result.tp
+    devices_needed = math.ceil(result.memory_bytes / per_device)
+    return (
+        f"{result.model} needs {format_bytes(result.memory_bytes)} (weights {format_bytes(result.weights_bytes)} + KV "
+        f"{format_bytes(result.kv_cache_bytes)}) but {result.tp} × {result.hardware} offers {format_bytes(result.memory_capacity_bytes)} "
+        f"usable: try --tp {devices_needed}, fewer --weights bits, a smaller --batch, or --allow-no-fit"
+    )
+
+
+def _caption(result: Estimate) -> str:
+    if result.mode == "ideal":
+        return "ideal: peak bandwidth ÷ weight bytes (the seed formula); no KV cache, overhead or efficiency"
+    return (
+        f"achievable: {result.bw_efficiency:.0%} of peak bandwidth, {result.flops_efficiency:.0%} of peak FLOP/s, "
+        f"{format_seconds(result.step_overhead_s)} per step ({result.efficiency_basis})"
+    )
+
+
+def _critical(result: Estimate) -> str:
+    if result.critical_batch is None:
+        return "never compute-bound at this context (KV reads grow with batch)"
+    return f"compute-bound from batch {result.critical_batch:,.0f}"
+
+
+def _fits(result: Estimate) -> str:
+    if result.fits is None:
+        return "unknown"
+    return "yes" if result.fits else "[red]no[/red]"
+
+
+def _count_or_dash(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+def sweep_command(
+    model: Annotated[list[str], typer.Option("--model", "-m", help="Repeat for several models.")],
+    hardware: Annotated[list[str], typer.Option("--hardware", "-H", help="Repeat for several devices.")],
+    weights: Annotated[str, typer.Option(help="Comma-separated weight formats, e.g. 16,8,4 or bf16,q4_0.")] = "16",
+    batch: Annotated[str, typer.Option(help="Batches: 1,8,64 or a doubling range 1:256.")] = "1",
+    context: Annotated[str, typer.Option(help="Prompt/context tokens: 512,4096 or a doubling range 128:32768.")] = "512",
+    output: Annotated[int, typer.Option(help="Generated tokens per sequence.")] = 256,
+    ideal: Annotated[bool, typer.Option("--ideal", help="The seed formula.")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
+    out: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")] = None,
+) -> None:
+    """Evaluate a grid of model × hardware × weights × batch × context (vectorized)."""
+    from speedlimit.estimator.sweep import sweep_grid
+
+    if fmt not in ("csv", "json"):
+        raise SpeedlimitError(f"--format must be csv or json, got {fmt!r}")
+    weight_list = [w.strip() for w in weights.split(",") if w.strip()]
+    result = sweep_grid(model, hardware, weight_list, _parse_list(batch, "batch"), _parse_list(context, "context"), output=output, ideal=ideal)
+    stream = io.StringIO() if out is None else out.open("w", newline="", encoding="utf-8")
+    try:
+        if fmt == "json":
+            json.dump([_clean_row(row) for row in result.rows()], stream)
+            stream.write("\n")
+        else:
+            writer = csv.DictWriter(stream, fieldnames=list(result.columns))
+            writer.writeheader()
+            writer.writerows(result.rows())
+    finally:
+        if out is not None:
+            stream.close()
+    if out is None:
+        sys.stdout.write(stream.getvalue())
+    else:
+        console.print(f"{len(result):,} configurations written to {out}", highlight=False)
+
+
+def _clean_row(row: dict) -> dict:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+def models_command(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the model catalog."""
+    rows = []
+    for key in model_names():
+        arch, entry = catalog_model(key), model_entries()[key]
+        rows.append(
+            {
+                "name": key,
+                "params": arch.total_params,
+                "active_params": arch.active_params,
+                "layers": arch.n_layers,
+                "attention": arch.attention,
+                "kv_heads": arch.n_kv_heads,
+                "experts": f"{arch.experts_per_token}/{arch.n_experts}" if arch.is_moe else "",
+                "kv_elements_per_token": arch.kv_elements_per_token(),
+                "source": entry.get("source", ""),
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    table = Table(title="speedlimit model catalog", caption="attention: kind/KV heads; experts: active/total; KV per token at fp16")
+    for column in ("name", "params", "active", "layers", "attention", "experts", "KV/token"):
+        table.add_column(column, justify="left" if column in ("name", "attention") else "right", no_wrap=column == "name")
+    for row in rows:
+        table.add_row(
+            row["name"], format_count(row["params"]), format_count(row["active_params"]), str(row["layers"]),
+            f"{row['attention']}/{row['kv_heads']}" if row["attention"] != "mla" else "mla",
+            row["experts"], format_bytes(row["kv_elements_per_token"] * 2),
+        )  # fmt: skip
+    console.print(table)
+
+
+def hardware_command(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the hardware catalog."""
+    rows = []
+    for key in hardware_names():
+        device = catalog_hardware(key)
+        rows.append(
+            {
+                "name": key,
+                "description": device.name,
+                "kind": device.kind,
+                "memory_bandwidth_Bps": device.memory_bandwidth_Bps,
+                "memory_bytes": device.memory_bytes,
+                "flops": device.flops,
+                "interconnect_Bps": device.interconnect_Bps,
+                "source": hardware_entries()[key].get("source", ""),
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    table = Table(title="speedlimit hardware catalog")
+    for column in ("name", "device", "bandwidth", "memory", "bf16 dense", "link"):
+        table.add_column(column, justify="left" if column in ("name", "device") else "right", no_wrap=column == "name")
+    for row, key in zip(rows, hardware_names()):
+        device = catalog_hardware(key)
+        table.add_row(
+            row["name"], row["description"], f"{row['memory_bandwidth_Bps'] / 1e9:,.0f} GB/s",
+            format_bytes(row["memory_bytes"]) if row["memory_bytes"] else "—",
+            f"{device.peak_flops('bf16') / 1e12:,.1f} TFLOP/s",
+            f"{row['interconnect_Bps'] / 1e9:,.0f} GB/s" if row["interconnect_Bps"] else "—",
+        )  # fmt: skip
+    console.print(table)

@@ -1,0 +1,119 @@
+"""The estimate/sweep/models/hardware commands, and bad input: one line, exit code 2, no traceback."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from speedlimit.cli import app
+from speedlimit.estimator import estimate
+
+runner = CliRunner()
+JSON_KEYS = {
+    "decode_tok_s", "itl_s", "ttft_s", "e2e_s", "throughput_tok_s", "bytes_per_token", "flops_per_token",
+    "weights_bytes", "kv_bytes_per_token", "memory_bytes", "fits", "max_batch", "critical_batch", "regime",
+}  # fmt: skip
+
+
+def run_cli(*args):
+    """The real console entry point in a subprocess: exit codes and stderr as a user sees them."""
+    return subprocess.run([sys.executable, "-m", "speedlimit.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_json_has_documented_keys_and_matches_library():
+    out = runner.invoke(app, ["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--batch", "8", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert JSON_KEYS <= set(data)
+    assert data == estimate("llama-3.1-8b", "h100-sxm", batch=8).to_dict()
+
+
+def test_table_output_for_people():
+    out = runner.invoke(app, ["estimate", "-m", "mixtral-8x7b", "-H", "a100-sxm-80gb", "--tp", "2", "--usd-per-hour", "2"])
+    assert out.exit_code == 0, out.output
+    for text in ("decode speed", "time to first token", "aggregate throughput", "all-reduce", "/ M tokens"):
+        assert text in out.output
+
+
+def test_config_json_input(tmp_path):
+    config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False}  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    from_file = estimate(str(path), "h100-sxm")
+    assert from_file.total_params == estimate("llama-3.1-8b", "h100-sxm").total_params
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-m", "llama-3.1-8bb", "-H", "h100-sxm"], "did you mean 'llama-3.1-8b'"),
+        (["-m", "llama-3.1-8b", "-H", "h100-sxn"], "did you mean"),
+        (["-m", "7B", "--bandwidth", "-5"], "positive"),
+        (["-m", "7B", "--bandwidth", "nan"], "number"),
+        (["-m", "7B", "--bandwidth", "1e30"], "absurd"),
+        (["-m", "7B", "-H", "h100-sxm", "--batch", "0"], "--batch"),
+        (["-m", "7B", "-H", "h100-sxm", "--prompt", "-1"], "--prompt"),
+        (["-m", "7B", "-H", "h100-sxm", "--tp", "0"], "--tp"),
+        (["-m", "7B", "-H", "h100-sxm", "--weights", "q9_9"], "unknown weights format"),
+        (["-m", "7B", "-H", "h100-sxm", "--weights", "0"], "bits"),
+        (["-m", "7B", "-H", "h100-sxm", "--bw-efficiency", "1.5"], "fraction"),
+        (["-m", "1e20", "-H", "h100-sxm"], "absurd"),
+        (["-m", "llama-3.1-405b", "-H", "h100-sxm"], "try --tp"),
+        (["-m", "7B"], "--hardware"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, message):
+    result = run_cli("estimate", *args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+@pytest.mark.parametrize("content", ["{not json", '["a list"]', '{"model_type": "llama"}', '{"hidden_size": -1}'])
+def test_malformed_config_json(tmp_path, content):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    result = run_cli("estimate", "-m", str(path), "-H", "h100-sxm")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_allow_no_fit_reports_anyway():
+    out = runner.invoke(app, ["estimate", "-m", "llama-3.1-405b", "-H", "h100-sxm", "--allow-no-fit", "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["fits"] is False
+
+
+def test_sweep_csv_matches_single_estimates():
+    out = runner.invoke(app, ["sweep", "-m", "llama-3.1-8b", "-m", "mixtral-8x7b", "-H", "h100-sxm", "-H", "rtx-4090",
+                              "--weights", "16,4", "--batch", "1:8", "--context", "128,4096"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    rows = list(csv.DictReader(io.StringIO(out.output)))
+    assert len(rows) == 2 * 2 * 2 * 4 * 2
+    for row in rows[::7]:
+        single = estimate(row["model"], row["hardware"], weights=row["weights"], batch=int(row["batch"]), prompt=int(row["context"]))
+        assert float(row["decode_tok_s"]) == pytest.approx(single.decode_tok_s, rel=1e-9)
+        assert float(row["ttft_s"]) == pytest.approx(single.ttft_s, rel=1e-9)
+        assert row["regime"] == single.regime
+
+
+def test_sweep_json_and_bad_axis(tmp_path):
+    out = tmp_path / "grid.json"
+    ok = runner.invoke(app, ["sweep", "-m", "7B", "-H", "l4", "--batch", "1,2", "--format", "json", "--out", str(out), "--ideal"])
+    assert ok.exit_code == 0, ok.output
+    assert len(json.loads(out.read_text())) == 2
+    bad = run_cli("sweep", "-m", "7B", "-H", "l4", "--batch", "0")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_catalog_listings():
+    models = json.loads(runner.invoke(app, ["models", "--json"]).output)
+    hardware = json.loads(runner.invoke(app, ["hardware", "--json"]).output)
+    assert {"deepseek-v3", "gpt-oss-120b"} <= {m["name"] for m in models}
+    assert {"h200", "apple-m4-max"} <= {h["name"] for h in hardware}
+    assert "llama-3.1-8b" in runner.invoke(app, ["models"]).output

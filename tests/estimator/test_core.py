@@ -1,0 +1,79 @@
+"""The roofline core against brute force: exact mean over a growing context, critical batch, capacity."""
+
+import math
+
+import numpy as np
+import pytest
+
+from speedlimit.catalog import catalog_hardware, catalog_model, default_efficiency
+from speedlimit.estimator import core
+from speedlimit.estimator.api import cost_model, machine_for
+from speedlimit.precision import parse_precision
+
+
+def _setup(model="gemma-2-9b", hardware="h100-sxm", weights="bf16"):
+    arch = catalog_model(model)
+    device = catalog_hardware(hardware)
+    cost, _ = cost_model(arch, parse_precision(weights), parse_precision("fp16"))
+    return cost, machine_for(device, default_efficiency(device), "bf16", 1, ideal=False)
+
+
+@pytest.mark.parametrize(("model", "batch", "start", "end"), [
+    ("gemma-2-9b", 1, 100, 9000),  # crosses the 4096 sliding window
+    ("gemma-2-9b", 512, 10, 6000),  # compute-bound part, then KV-bound
+    ("llama-3.1-8b", 64, 0, 3000),
+    ("deepseek-v3", 256, 1000, 1300),
+])  # fmt: skip
+def test_mean_step_is_exact_average_over_context(model, batch, start, end):
+    cost, machine = _setup(model)
+    contexts = np.linspace(start, end, 200_001)
+    brute = float(np.mean(core.decode_step_seconds(cost, machine, batch, contexts)))
+    assert float(core.mean_decode_step_seconds(cost, machine, batch, start, end)) == pytest.approx(brute, rel=1e-6)
+
+
+def test_critical_batch_is_the_crossover():
+    cost, machine = _setup("llama-3.1-8b")
+    context = 64.0
+    b_star = float(core.critical_batch(cost, machine, context))
+    assert math.isfinite(b_star)
+
+    def bound(b):
+        memory_s, compute_s = core.roofline_seconds(core.decode_bytes(cost, b, context), core.decode_flops(cost, b, context), machine)
+        return compute_s >= memory_s
+
+    assert bound(b_star) and not bound(b_star - 1)
+
+
+def test_critical_batch_infinite_when_kv_dominates():
+    cost, machine = _setup("llama-3.1-8b")
+    assert math.isinf(float(core.critical_batch(cost, machine, 100_000.0)))
+
+
+def test_expected_experts_read():
+    assert float(core.expected_experts_read(8, 2, 1)) == pytest.approx(2.0)
+    assert float(core.expected_experts_read(8, 2, 1000)) == pytest.approx(8.0)
+    assert float(core.expected_experts_read(0, 0, 50)) == 0.0
+    # two tokens: 8 · (1 − (6/8)²)
+    assert float(core.expected_experts_read(8, 2, 2)) == pytest.approx(8 * (1 - 0.75**2))
+
+
+def test_max_batch_fills_memory():
+    cost, machine = _setup("llama-3.1-8b")
+    context = 4096
+    n = float(core.max_batch_that_fits(cost, machine, context))
+    used = cost.total_weight_bytes + core.kv_cache_bytes(cost, n, context)
+    assert used <= core.usable_memory_bytes(machine) < used + core.kv_bytes_per_sequence(cost, context)
+
+
+def test_tensor_parallel_splits_work_and_adds_communication():
+    arch = catalog_model("llama-3.1-70b")
+    device = catalog_hardware("h100-sxm")
+    cost, _ = cost_model(arch, parse_precision("bf16"), parse_precision("fp16"))
+    one = machine_for(device, default_efficiency(device), "bf16", 1, ideal=False)
+    four = machine_for(device, default_efficiency(device), "bf16", 4, ideal=False)
+    assert float(core.allreduce_seconds(cost, one, 8)) == 0.0
+    comm = float(core.allreduce_seconds(cost, four, 8))
+    assert comm > 2 * arch.n_layers * core.ALLREDUCE_LATENCY_S
+    t1 = float(core.decode_step_seconds(cost, one, 8, 1000))
+    t4 = float(core.decode_step_seconds(cost, four, 8, 1000))
+    assert t4 < t1 / 2  # memory time quarters, communication is small next to it
