@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import cache, lru_cache
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -51,6 +52,7 @@ _COMPUTE_DTYPE: dict[str, str] = {
 _GGUF_MIX_SUFFIX = re.compile(r"^(?P<base>(?:i?q\d)_(?:k|xxs|xs|s|m|nl))_(?:s|m|l|xl)$|^(?P<base2>iq\d)_(?:xs|xxs|s|m)$")
 
 
+@cache
 def gguf_type_bits() -> dict[str, float]:
     """Bits per weight of every GGML tensor type the installed `gguf` package knows, keyed in lowercase."""
     return {qtype.name.lower(): 8.0 * type_size / block_size for qtype, (block_size, type_size) in GGML_QUANT_SIZES.items()}
@@ -78,6 +80,7 @@ class Precision:
         return _COMPUTE_DTYPE.get(self.name, "bf16")
 
 
+@lru_cache(maxsize=512)
 def parse_precision(text: str | float | int, *, what: str = "weights") -> Precision:
     """Resolve ``'bf16'``, ``'q4_k_m'``, ``'4'`` (bits) or ``4.5`` into a `Precision`.
 

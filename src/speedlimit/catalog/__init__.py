@@ -142,6 +142,10 @@ def resolve_hardware(text: str) -> Hardware:
     profile = load_profile_hardware(text)
     if profile is not None:
         return profile
+    if _normalize(text) == "local":
+        raise SpeedlimitError(
+            "no calibrated profile 'local' yet: run `speedlimit verify --out verify.json` then `speedlimit calibrate verify.json`"
+        )
     raise SpeedlimitError(
         f"unknown hardware {text!r}{did_you_mean(_normalize(text), _hardware_aliases())}; "
         "see `speedlimit hardware`, or give --bandwidth BYTES_PER_S [--flops FLOP_PER_S] [--memory BYTES]"

@@ -148,11 +148,19 @@ def _caption(result: Estimate) -> str:
         return "ideal: peak bandwidth ÷ weight bytes (the seed formula); no KV cache, overhead or efficiency"
     return (
         f"achievable: {result.bw_efficiency:.0%} of peak bandwidth, {result.flops_efficiency:.0%} of peak FLOP/s, "
-        f"{format_seconds(result.step_overhead_s)} per step ({result.efficiency_basis})"
+        f"{format_seconds(result.step_overhead_s)} per step ({_short(result.efficiency_basis)})"
     )
 
 
+def _short(basis: str, limit: int = 90) -> str:
+    """The first clause of an efficiency basis; the full text is in --json and efficiency.toml."""
+    head = basis.split(" (", 1)[0].split("; ", 1)[0]
+    return head if len(head) <= limit else head[: limit - 1] + "…"
+
+
 def _critical(result: Estimate) -> str:
+    if result.flops is None:
+        return "no FLOPs figure: memory roof only (give --flops)"
     if result.critical_batch is None:
         return "never compute-bound at this context (KV reads grow with batch)"
     return f"compute-bound from batch {result.critical_batch:,.0f}"

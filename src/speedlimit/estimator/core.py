@@ -11,6 +11,7 @@ and every sequence's KV cache, and prefill computes the whole prompt in one pass
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -69,6 +70,8 @@ def expected_experts_read(n_experts, experts_per_token, tokens):
     With uniform routing each token picks k of E experts, so an expert is missed by all tokens with
     probability (1 - k/E)^tokens: E · (1 - (1 - k/E)^tokens). Zero for dense models.
     """
+    if np.ndim(n_experts) == 0 and not n_experts:
+        return 0.0  # dense model: the common scalar case, without numpy overhead
     n_experts = np.asarray(n_experts, dtype=float)
     picked = np.where(n_experts > 0, np.asarray(experts_per_token, dtype=float) / np.where(n_experts > 0, n_experts, 1.0), 0.0)
     miss = np.power(1.0 - picked, tokens)
@@ -112,6 +115,8 @@ def prefill_attention_flops(cost: CostModel, prompt):
 
 def allreduce_seconds(cost: CostModel, machine: Machine, tokens):
     """Tensor-parallel communication per step: ring all-reduces of the activations, 2 per layer."""
+    if np.ndim(machine.tp) == 0 and machine.tp <= 1:
+        return 0.0
     tp = np.asarray(machine.tp, dtype=float)
     ring = 2.0 * (tp - 1.0) / np.maximum(tp, 1.0) * tokens * cost.allreduce_bytes_per_token
     link = np.where(np.isfinite(machine.link_Bps), machine.link_Bps, np.inf)
@@ -122,6 +127,8 @@ def allreduce_seconds(cost: CostModel, machine: Machine, tokens):
 def roofline_seconds(bytes_read, flops, machine: Machine):
     """(memory time, compute time) of a step spread over ``tp`` devices; compute is 0 when FLOPs are unknown."""
     memory_s = bytes_read / (machine.tp * machine.bandwidth_Bps)
+    if np.ndim(machine.flops) == 0:  # scalar fast path (one estimate)
+        return memory_s, (flops / (machine.tp * machine.flops) if math.isfinite(machine.flops) else 0.0 * flops)
     compute_s = np.where(np.isfinite(machine.flops), flops / (machine.tp * np.where(np.isfinite(machine.flops), machine.flops, 1.0)), 0.0)
     return memory_s, compute_s
 
@@ -182,7 +189,8 @@ def prefill_seconds(cost: CostModel, machine: Machine, batch, prompt):
 def critical_batch(cost: CostModel, machine: Machine, context, max_batch: float = 1e7):
     """Smallest batch at which a decode step turns compute-bound at ``context`` (inf if it never does).
 
-    Bisection in log space, vectorized: works for MoE, where the weights read grow with the batch.
+    Dense models have a closed form: weights/BW = B · (flops/F − per-sequence bytes/BW). MoE models,
+    whose weights read grow with the batch, are solved by a vectorized bisection in log space.
     """
 
     def compute_bound(batch):
@@ -190,7 +198,25 @@ def critical_batch(cost: CostModel, machine: Machine, context, max_batch: float 
         return compute_s >= memory_s
 
     shape = np.broadcast(*(np.asarray(v) for v in (*cost, *machine, context))).shape
-    lo = np.zeros(shape)  # log2 batch, memory-bound at 2**lo unless already compute-bound at 1
+    memory_per_sequence, compute_per_sequence = roofline_seconds(
+        kv_bytes_per_sequence(cost, context) + cost.activation_bytes_per_token + cost.embedding_row_bytes,
+        decode_flops(cost, 1.0, context),
+        machine,
+    )
+    fixed_s, _ = roofline_seconds(cost.head_bytes + cost.dense_bytes, 0.0, machine)
+    slope = compute_per_sequence - memory_per_sequence
+    with np.errstate(divide="ignore", invalid="ignore"):
+        closed = np.where(slope > 0, np.maximum(np.ceil(fixed_s / np.where(slope > 0, slope, 1.0)), 1.0), np.inf)
+    finite = np.isfinite(closed) & (closed <= max_batch)
+    closed = np.where(finite, closed, np.inf)
+    # guard the ceiling against rounding: the answer is bound, the batch below it is not
+    closed = np.where(finite & (closed > 1) & compute_bound(np.where(finite, closed - 1, 1.0)), closed - 1, closed)
+    closed = np.where(finite & ~compute_bound(np.where(finite, closed, 1.0)), closed + 1, closed)
+    moe = np.broadcast_to(np.asarray(cost.n_experts) > 0, shape)
+    if not np.any(moe):
+        return np.broadcast_to(closed, shape) if shape else closed
+
+    lo = np.zeros(shape)  # log2 batch: memory-bound at 2**lo unless already compute-bound at 1
     hi = np.full(shape, np.log2(max_batch))
     at_one = compute_bound(np.ones(shape))
     never = ~compute_bound(np.full(shape, max_batch))
@@ -199,8 +225,8 @@ def critical_batch(cost: CostModel, machine: Machine, context, max_batch: float 
         bound = compute_bound(np.exp2(mid))
         hi = np.where(bound, mid, hi)
         lo = np.where(bound, lo, mid)
-    result = np.ceil(np.exp2(hi) - 1e-9)
-    return np.where(at_one, 1.0, np.where(never, np.inf, result))
+    bisected = np.where(at_one, 1.0, np.where(never, np.inf, np.ceil(np.exp2(hi) - 1e-9)))
+    return np.where(moe, bisected, closed)
 
 
 def kv_cache_bytes(cost: CostModel, batch, context):
