@@ -1,9 +1,10 @@
 """Number formats: how many bits one weight or one KV-cache element occupies in memory.
 
-GGUF quant types take their bits per weight from the `gguf` package's block sizes
+GGUF tensor types take their bits per weight from the `gguf` package's block sizes
 (``GGML_QUANT_SIZES``: bytes per block ÷ weights per block), so q4_0 is 4.5, q8_0 is 8.5 and q4_k
 is 4.5 exactly as llama.cpp stores them. GGUF *file* types such as ``q4_k_m`` mix several tensor
-types; by name they resolve to their main type, and a real ``.gguf`` file gives exact bytes instead.
+types: they take the effective bits llama-quantize reports (``catalog/gguf_file_types.toml``), other
+mixes resolve to their main tensor type, and a real ``.gguf`` file gives exact bytes instead.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def gguf_type_bits() -> dict[str, float]:
 
 def known_formats() -> list[str]:
     """Every weight/KV format name this module accepts."""
-    return sorted(set(_PLAIN_BITS) | set(gguf_type_bits()))
+    from speedlimit.catalog import gguf_file_type_bits
+
+    return sorted(set(_PLAIN_BITS) | set(gguf_type_bits()) | set(gguf_file_type_bits()))
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,11 @@ def parse_precision(text: str | float | int, *, what: str = "weights") -> Precis
     gguf_bits = gguf_type_bits()
     if key in gguf_bits:
         return Precision(key, gguf_bits[key])
+    from speedlimit.catalog import gguf_file_type_bits  # data file, loaded once
+
+    mixes = gguf_file_type_bits()
+    if key in mixes:
+        return Precision(key, mixes[key])
     mix = _GGUF_MIX_SUFFIX.match(key)
     if mix:
         base = mix.group("base") or mix.group("base2")

@@ -153,16 +153,30 @@ def resolve_hardware(text: str) -> Hardware:
 
 
 @cache
+def gguf_file_type_bits() -> dict[str, float]:
+    """Effective bits per weight of GGUF file-type mixes (q4_k_m, ...), from llama-quantize's table."""
+    table = _load_toml("gguf_file_types.toml")
+    return {name: size * 2**30 * 8 / table["reference_params"] for name, size in table["size_gib"].items()}
+
+
+@cache
 def efficiency_defaults() -> dict[str, dict[str, Any]]:
     return _load_toml("efficiency.toml")
 
 
 def default_efficiency(hardware: Hardware) -> Efficiency:
-    """The achievable-fraction defaults for a device: its own row if it has one, else its kind's."""
+    """The achievable-fraction defaults for a device: its own fields (a calibrated profile) over its kind's.
+
+    A record that sets its own ``step_overhead_s`` (a calibrated profile measured the whole per-step
+    cost) drops the kind's per-layer term unless it sets ``layer_overhead_s`` too.
+    """
     table = efficiency_defaults()
     row = dict(table.get(hardware.kind) or table["gpu"])
-    for field in ("bw_efficiency", "flops_efficiency", "step_overhead_s"):
-        own = getattr(hardware, field, None) if hardware.model_extra else None
-        if own is not None:
-            row[field] = own
-    return Efficiency(**{k: row[k] for k in ("bw_efficiency", "flops_efficiency", "step_overhead_s")}, basis=row.get("basis", ""))
+    own = hardware.model_extra or {}
+    if "step_overhead_s" in own:
+        row["layer_overhead_s"] = 0.0
+    for field in ("bw_efficiency", "flops_efficiency", "step_overhead_s", "layer_overhead_s", "basis"):
+        if own.get(field) is not None:
+            row[field] = own[field]
+    fields = ("bw_efficiency", "flops_efficiency", "step_overhead_s", "layer_overhead_s", "basis")
+    return Efficiency(**{k: row[k] for k in fields if k in row})

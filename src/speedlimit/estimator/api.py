@@ -199,11 +199,14 @@ def estimate(
     if usd_per_hour is not None and (not math.isfinite(usd_per_hour) or usd_per_hour < 0):
         raise SpeedlimitError(f"--usd-per-hour must be a non-negative number, got {usd_per_hour}")
     defaults = default_efficiency(device)
+    if step_overhead_s is not None and (not math.isfinite(step_overhead_s) or not 0 <= step_overhead_s <= 1):
+        raise SpeedlimitError(f"--step-overhead must be between 0 and 1 second, got {step_overhead_s}")
     efficiency = Efficiency(
         bw_efficiency=_check_fraction("bw-efficiency", bw_efficiency) or defaults.bw_efficiency,
         flops_efficiency=_check_fraction("flops-efficiency", flops_efficiency) or defaults.flops_efficiency,
-        step_overhead_s=defaults.step_overhead_s if step_overhead_s is None else step_overhead_s,
-        basis=defaults.basis if bw_efficiency is None and flops_efficiency is None else "overridden on the command line",
+        # an explicit overhead is the whole per-step cost; otherwise fixed + per-layer defaults
+        step_overhead_s=defaults.overhead_s(arch.n_layers) if step_overhead_s is None else step_overhead_s,
+        basis=defaults.basis if bw_efficiency is None and flops_efficiency is None and step_overhead_s is None else "overridden",
     )
 
     cost, bits = cost_model(arch, weight_precision, kv_precision)

@@ -82,12 +82,13 @@ def sweep_arrays(
     kv = parse_precision("fp16", what="kv")
     batch = _check_axis("batch", batches, 1, MAX_BATCH).reshape(1, 1, -1, 1)
     context = _check_axis("context", contexts, 0, MAX_TOKENS).reshape(1, 1, 1, -1)
-    costs, dtypes = [], []
+    costs, dtypes, layers = [], [], []
     for arch in models:
         for precision in precisions:
             cost, _ = cost_model(arch, precision, kv)
             costs.append(ideal_cost_model(cost, arch) if ideal else cost)
             dtypes.append(precision.compute_dtype)
+            layers.append(arch.n_layers)
     cost = _stack(costs, (-1, 1, 1, 1))
     efficiencies = [default_efficiency(h) for h in hardware]
     flops = np.array([[h.peak_flops(d) for h in hardware] for d in dtypes]).reshape(len(costs), -1, 1, 1)
@@ -95,7 +96,10 @@ def sweep_arrays(
     machine = core.Machine(
         bandwidth_Bps=np.array([h.memory_bandwidth_Bps * scale(e.bw_efficiency) for h, e in zip(hardware, efficiencies)]).reshape(1, -1, 1, 1),
         flops=flops * np.array([scale(e.flops_efficiency) for e in efficiencies]).reshape(1, -1, 1, 1),
-        step_overhead_s=np.array([0.0 if ideal else e.step_overhead_s for e in efficiencies]).reshape(1, -1, 1, 1),
+        step_overhead_s=0.0
+        if ideal
+        else np.array([e.step_overhead_s for e in efficiencies]).reshape(1, -1, 1, 1)
+        + np.array(layers, dtype=float).reshape(-1, 1, 1, 1) * np.array([e.layer_overhead_s for e in efficiencies]).reshape(1, -1, 1, 1),
         memory_bytes=np.array([h.memory_bytes or math.nan for h in hardware]).reshape(1, -1, 1, 1),
         link_Bps=np.array([h.interconnect_Bps or math.nan for h in hardware]).reshape(1, -1, 1, 1),
         tp=1.0,

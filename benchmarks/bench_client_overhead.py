@@ -1,0 +1,211 @@
+"""How much does `speedlimit bench`'s client itself cost? Measured against the FaultyOpenAIServer test fixture
+(a fake server, not a model) running in its own process on 127.0.0.1.
+
+1. Sustained throughput: N concurrent streams (default 1,000), each asking `--tokens` tokens of the `firehose` mode,
+   which writes chunks as fast as its socket allows. Prints output tokens/s, the peak number of streams open at once
+   and the client's CPU seconds.
+2. Client-added ITL: `paced-<ms>` mode, where the server stamps every chunk with `time.perf_counter_ns()` at send
+   time (CLOCK_MONOTONIC, shared by both processes). For every gap between two tokens we compare the gap the
+   client measured with the gap the server sent: their difference is what the client adds to ITL.
+3. The same firehose run through guidellm's client (`guidellm run`, from PyPI, installed in its own venv because it
+   pulls torch), and the ratio of sustained tokens/s. If guidellm is not installed the script says so: no figure is
+   invented for it.
+
+Usage: python benchmarks/bench_client_overhead.py [--streams 1000] [--tokens 200] [--guidellm /path/to/guidellm]
+Timing figures are printed, never asserted (benchmarks print, tests check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from speedlimit.bench.client import Endpoint  # noqa: E402
+from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan  # noqa: E402
+from speedlimit.bench.workload import LengthSpec  # noqa: E402
+
+FAULTY_SERVER = ROOT / "tests" / "bench" / "faulty_server.py"
+
+
+def start_fake_server() -> tuple[subprocess.Popen, int]:
+    process = subprocess.Popen([sys.executable, str(FAULTY_SERVER), "--port", "0"], stdout=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    if not line.startswith("PORT "):
+        process.kill()
+        raise SystemExit(f"FaultyOpenAIServer did not start: {line!r}")
+    return process, int(line.split()[1])
+
+
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def peak_open_streams(records) -> int:
+    events = sorted([(r.start_ns, 1) for r in records] + [(r.end_ns, -1) for r in records])
+    open_now = peak = 0
+    for _, step in events:
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
+async def run_speedlimit(url: str, streams: int, requests: int, tokens: int):
+    endpoint = Endpoint(url, model="fake-model", api="chat", timeout_s=600)
+    workload = WorkloadPlan(LengthSpec("fixed", 16), tokens, None, 0)
+    async with BenchRunner(endpoint, workload) as runner:
+        cpu_before = cpu_s()
+        result = await runner.run(LoadPlan(concurrency=streams, requests=requests))
+        return result, cpu_s() - cpu_before
+
+
+def client_added_itl(records) -> dict[str, float]:
+    """Per gap: client-measured gap minus server-sent gap (ms); and per token: receive minus send (ms)."""
+    added, delay = [], []
+    for record in records:
+        if not record.ok:
+            continue
+        sent = np.array([int(t) for t in record.output_text.split()], dtype=np.int64)
+        gaps = np.array(record.itl_s) * 1e9
+        received = record.start_ns + record.ttft_s * 1e9 + np.concatenate([[0.0], np.cumsum(gaps)])
+        if len(sent) != len(received):
+            raise SystemExit(f"request {record.index}: {len(sent)} server stamps vs {len(received)} client stamps")
+        delay.extend((received - sent) / 1e6)
+        added.extend((gaps - np.diff(sent)) / 1e6)
+    added_arr, delay_arr = np.array(added), np.array(delay)
+    return {
+        "gaps": int(added_arr.size),
+        "added_itl_p50_ms": float(np.percentile(added_arr, 50)),
+        "added_itl_p99_ms": float(np.percentile(added_arr, 99)),
+        "abs_added_itl_p99_ms": float(np.percentile(np.abs(added_arr), 99)),
+        "send_to_receive_p50_ms": float(np.percentile(delay_arr, 50)),
+        "send_to_receive_p99_ms": float(np.percentile(delay_arr, 99)),
+    }
+
+
+def find_guidellm(explicit: str | None) -> str | None:
+    for candidate in (explicit, shutil.which("guidellm"), "/tmp/guidellm-venv/bin/guidellm"):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def run_guidellm(guidellm: str, port: int, streams: int, requests: int, tokens: int) -> dict:
+    """guidellm's client on the same firehose (chat completions, same streams, requests and max tokens)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = Path(tmp) / "prompts.txt"
+        prompts.write_text("".join(f"prompt number {i} for the firehose\n" for i in range(requests)))
+        report = Path(tmp) / "guidellm.json"
+        command = [guidellm, "run",
+                   "--backend", f"kind=openai_http,target=http://127.0.0.1:{port}/firehose,model=fake-model,"
+                                f"max_tokens={tokens},validate_backend=false",
+                   "--profile", f"kind=concurrent,streams={streams}",
+                   "--constraint", f"kind=max_requests,count={requests}",
+                   "--data", f"kind=text_file,path={prompts}",
+                   "--output", f"kind=json,path={report}", "--disable-progress"]
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        wall_s = time.perf_counter() - started
+        if done.returncode != 0 or not report.exists():
+            return {"error": f"guidellm exited {done.returncode}: {(done.stderr or done.stdout)[-800:]}"}
+        benchmark = json.loads(report.read_text())["benchmarks"][0]
+        metrics = benchmark["metrics"]
+        output_tokens = metrics["output_token_count"]["successful"]["total_sum"]
+        return {
+            "completed": metrics["request_totals"]["successful"],
+            "errored": metrics["request_totals"]["errored"],
+            "output_tokens": output_tokens,
+            "duration_s": benchmark["duration"],
+            "output_tok_s": output_tokens / benchmark["duration"],
+            "peak_concurrency": metrics["request_concurrency"]["successful"]["max"],
+            "process_wall_s": wall_s,
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=1000, help="concurrent streams (closed loop)")
+    parser.add_argument("--requests", type=int, default=None, help="requests per run (default 3 x streams)")
+    parser.add_argument("--tokens", type=int, default=200, help="output tokens per request")
+    parser.add_argument("--paced", default="100x5,1000x50", help="ITL runs as STREAMSxMS pairs, comma separated")
+    parser.add_argument("--paced-tokens", type=int, default=100, help="tokens per request in the ITL runs")
+    parser.add_argument("--guidellm", default=None, help="path of the guidellm executable")
+    parser.add_argument("--skip-guidellm", action="store_true")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args()
+    requests = args.requests or 3 * args.streams
+
+    server, port = start_fake_server()
+    results: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                                 "load_average_1m_at_start": os.getloadavg()[0]}}
+    print(f"{os.cpu_count()} CPUs, 1-minute load average at start {os.getloadavg()[0]:.2f} (other processes share them)")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        result, client_cpu_s = asyncio.run(run_speedlimit(f"{base}/firehose/v1", args.streams, requests, args.tokens))
+        summary = result.summary
+        results["throughput"] = {
+            "streams": args.streams, "requests": requests, "tokens_per_request": args.tokens,
+            "completed": summary["completed"], "errors": summary["errors"],
+            "output_tokens": summary["output_tokens"], "duration_s": summary["duration_s"],
+            "output_tok_s": summary["output_tok_s"], "peak_open_streams": peak_open_streams(result.records),
+            "client_cpu_s": client_cpu_s,
+        }
+        print(f"speedlimit client, firehose: {summary['output_tok_s']:,.0f} output tok/s sustained over "
+              f"{summary['duration_s']:.2f} s; {summary['completed']}/{requests} requests ok, errors "
+              f"{summary['errors'] or 'none'}; peak {results['throughput']['peak_open_streams']} streams open at once; "
+              f"client CPU {client_cpu_s:.1f} s")
+
+        results["itl"] = []
+        for pair in args.paced.split(","):
+            streams, pace_ms = (int(x) for x in pair.split("x"))
+            result, _ = asyncio.run(run_speedlimit(f"{base}/paced-{pace_ms}/v1", streams, streams,
+                                                   args.paced_tokens))
+            stats = client_added_itl(result.records)
+            stats.update(streams=streams, pace_ms=pace_ms, offered_tok_s=streams * 1000 / pace_ms,
+                         measured_output_tok_s=result.summary["output_tok_s"], errors=result.summary["errors"])
+            results["itl"].append(stats)
+            print(f"client-added ITL, {streams} streams paced {pace_ms} ms ({result.summary['output_tok_s']:,.0f} "
+                  f"tok/s): p50 {stats['added_itl_p50_ms']:+.3f} ms, p99 {stats['added_itl_p99_ms']:+.3f} ms, "
+                  f"|p99| {stats['abs_added_itl_p99_ms']:.3f} ms over {stats['gaps']:,} gaps; server send -> client "
+                  f"receive p50 {stats['send_to_receive_p50_ms']:.3f} ms, p99 {stats['send_to_receive_p99_ms']:.3f} ms")
+
+        guidellm = None if args.skip_guidellm else find_guidellm(args.guidellm)
+        if guidellm is None:
+            results["guidellm"] = {"error": "guidellm not run: not installed (pip install guidellm in a venv and pass "
+                                            "--guidellm PATH)" if not args.skip_guidellm else "skipped"}
+            print(results["guidellm"]["error"])
+        else:
+            reference = run_guidellm(guidellm, port, args.streams, requests, args.tokens)
+            results["guidellm"] = reference
+            if "error" in reference:
+                print(reference["error"])
+            else:
+                ratio = results["throughput"]["output_tok_s"] / reference["output_tok_s"]
+                results["ratio_speedlimit_over_guidellm_tok_s"] = ratio
+                print(f"guidellm client, same firehose: {reference['output_tok_s']:,.0f} output tok/s over "
+                      f"{reference['duration_s']:.2f} s ({reference['completed']} ok, {reference['errored']} errored, "
+                      f"peak concurrency {reference['peak_concurrency']:.0f})")
+                print(f"ratio of sustained tokens/s, speedlimit / guidellm: {ratio:.2f}")
+    finally:
+        server.terminate()
+        server.wait(10)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The published-measurements CSV of benchmarks/accuracy is well-formed and score.py can score it."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from speedlimit.catalog import resolve_hardware, resolve_model
+from speedlimit.precision import parse_precision
+
+ACCURACY_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"
+CSV_PATH = ACCURACY_DIR / "measurements.csv"
+COLUMNS = ["device", "model", "weights", "engine", "prompt_tokens", "output_tokens", "decode_tok_s", "model_file_bytes", "source", "notes", "device_share"]
+
+
+def _records() -> list[dict[str, str]]:
+    with CSV_PATH.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def score():
+    spec = importlib.util.spec_from_file_location("accuracy_score", ACCURACY_DIR / "score.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_csv_has_the_documented_columns_and_enough_rows():
+    with CSV_PATH.open(newline="", encoding="utf-8") as handle:
+        header = next(csv.reader(handle))
+    assert header == COLUMNS
+    assert len(_records()) >= 30
+
+
+@pytest.mark.parametrize("record", _records(), ids=lambda r: f"{r['device']}-{r['model']}-{r['weights']}-{r['engine']}")
+def test_every_row_is_well_formed(record):
+    assert resolve_hardware(record["device"]).memory_bandwidth_Bps > 0
+    assert resolve_model(record["model"]).total_params > 0
+    assert parse_precision(record["weights"]).bits > 0
+    speed = float(record["decode_tok_s"])
+    assert math.isfinite(speed) and speed > 0
+    url = urlparse(record["source"])
+    assert url.scheme == "https" and url.netloc, record["source"]
+    assert record["engine"] and record["notes"]
+    if record["prompt_tokens"]:
+        assert int(record["prompt_tokens"]) >= 0
+    assert int(record["output_tokens"]) >= 1
+    if record["model_file_bytes"]:
+        bits = 8 * int(record["model_file_bytes"]) / resolve_model(record["model"]).total_params
+        assert 2.0 < bits < 17.0  # a real file's bits per parameter is within the range of the formats used
+    assert 0 < float(record["device_share"]) <= 1
+
+
+def test_scoring_runs_on_a_few_rows(score):
+    rows = score.load_rows(CSV_PATH)[:3] + [r for r in score.load_rows(CSV_PATH) if r.device_share != 1.0][:1]
+    for row in rows:
+        ideal = score.predict_tok_s(row, ideal=True)
+        default = score.predict_tok_s(row)
+        assert ideal > default > 0  # efficiencies < 1 and an overhead only slow the estimate down
+        assert score.ape(default, row.decode_tok_s) >= 0
+    gcd = rows[-1]
+    assert score.row_hardware(gcd).memory_bandwidth_Bps == pytest.approx(0.5 * resolve_hardware(gcd.device).memory_bandwidth_Bps)
+
+
+def test_ape_and_summary(score):
+    assert score.ape(110.0, 100.0) == pytest.approx(10.0)
+    assert score.ape(90.0, 100.0) == pytest.approx(10.0)
+    assert score.summary([1.0, 2.0, 9.0]) == (2.0, 4.0)
+
+
+def test_fit_recovers_known_parameters(score):
+    import numpy as np
+
+    t_peak = np.array([0.002, 0.005, 0.02, 0.05])
+    measured = 1.0 / (t_peak / 0.7 + 0.003)
+    assert score.fit_kind(t_peak, measured) == pytest.approx((0.7, 0.003))
