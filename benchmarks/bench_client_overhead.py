@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from speedlimit.bench.client import Endpoint  # noqa: E402
+from speedlimit.bench.client import Endpoint, run_async  # noqa: E402
 from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan  # noqa: E402
 from speedlimit.bench.workload import LengthSpec  # noqa: E402
 
@@ -97,6 +97,56 @@ def client_added_itl(records) -> dict[str, float]:
     }
 
 
+class _RawStream(asyncio.Protocol):
+    """Floor of the environment: a bare asyncio protocol that stamps each socket read and does nothing else."""
+
+    def __init__(self, done: asyncio.Future) -> None:
+        self.done = done
+        self.reads: list[tuple[int, bytes]] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.reads.append((time.perf_counter_ns(), data))
+        if data.endswith(b"0\r\n\r\n"):
+            self.done.set_result(None)
+
+    def connection_lost(self, exc) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def raw_floor(port: int, path: str, streams: int, tokens: int) -> dict[str, float]:
+    """Same paced streams read by `_RawStream`: the send->receive and ITL jitter no client can avoid here."""
+    loop = asyncio.get_running_loop()
+    body = json.dumps({"model": "fake-model", "prompt": "x", "max_tokens": tokens, "stream": True}).encode()
+    request = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    async def one() -> list[tuple[int, int]]:
+        done = loop.create_future()
+        transport, protocol = await loop.create_connection(lambda: _RawStream(done), "127.0.0.1", port)
+        transport.write(request)
+        await done
+        transport.close()
+        pairs = []
+        for stamp, data in protocol.reads:
+            for piece in data.split(b'"text":"')[1:]:
+                sent = piece.split(b" ", 1)[0]
+                if sent.isdigit():
+                    pairs.append((int(sent), stamp))
+        return pairs
+
+    added, delay = [], []
+    for pairs in await asyncio.gather(*(one() for _ in range(streams))):
+        sent = np.array([p[0] for p in pairs], dtype=np.int64)
+        received = np.array([p[1] for p in pairs], dtype=np.int64)
+        delay.extend((received - sent) / 1e6)
+        added.extend((np.diff(received) - np.diff(sent)) / 1e6)
+    return {"added_itl_p99_ms": float(np.percentile(added, 99)),
+            "abs_added_itl_p99_ms": float(np.percentile(np.abs(added), 99)),
+            "send_to_receive_p50_ms": float(np.percentile(delay, 50)),
+            "send_to_receive_p99_ms": float(np.percentile(delay, 99))}
+
+
 def find_guidellm(explicit: str | None) -> str | None:
     for candidate in (explicit, shutil.which("guidellm"), "/tmp/guidellm-venv/bin/guidellm"):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
@@ -145,6 +195,7 @@ def main() -> None:
     parser.add_argument("--paced-tokens", type=int, default=100, help="tokens per request in the ITL runs")
     parser.add_argument("--guidellm", default=None, help="path of the guidellm executable")
     parser.add_argument("--skip-guidellm", action="store_true")
+    parser.add_argument("--no-uvloop", action="store_true", help="plain asyncio loop even if uvloop is installed")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
     requests = args.requests or 3 * args.streams
@@ -155,7 +206,7 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, 1-minute load average at start {os.getloadavg()[0]:.2f} (other processes share them)")
     try:
         base = f"http://127.0.0.1:{port}"
-        result, client_cpu_s = asyncio.run(run_speedlimit(f"{base}/firehose/v1", args.streams, requests, args.tokens))
+        result, client_cpu_s = run_async(run_speedlimit(f"{base}/firehose/v1", args.streams, requests, args.tokens), not args.no_uvloop)
         summary = result.summary
         results["throughput"] = {
             "streams": args.streams, "requests": requests, "tokens_per_request": args.tokens,
@@ -172,16 +223,23 @@ def main() -> None:
         results["itl"] = []
         for pair in args.paced.split(","):
             streams, pace_ms = (int(x) for x in pair.split("x"))
-            result, _ = asyncio.run(run_speedlimit(f"{base}/paced-{pace_ms}/v1", streams, streams,
-                                                   args.paced_tokens))
+            result, _ = run_async(run_speedlimit(f"{base}/paced-{pace_ms}/v1", streams, streams,
+                                                   args.paced_tokens), not args.no_uvloop)
             stats = client_added_itl(result.records)
             stats.update(streams=streams, pace_ms=pace_ms, offered_tok_s=streams * 1000 / pace_ms,
                          measured_output_tok_s=result.summary["output_tok_s"], errors=result.summary["errors"])
+            floor = run_async(raw_floor(port, f"/paced-{pace_ms}/v1/completions", streams, args.paced_tokens),
+                              not args.no_uvloop)
+            stats["bare_socket_floor"] = floor
+            stats["added_over_floor_p99_ms"] = stats["added_itl_p99_ms"] - floor["added_itl_p99_ms"]
             results["itl"].append(stats)
             print(f"client-added ITL, {streams} streams paced {pace_ms} ms ({result.summary['output_tok_s']:,.0f} "
                   f"tok/s): p50 {stats['added_itl_p50_ms']:+.3f} ms, p99 {stats['added_itl_p99_ms']:+.3f} ms, "
                   f"|p99| {stats['abs_added_itl_p99_ms']:.3f} ms over {stats['gaps']:,} gaps; server send -> client "
                   f"receive p50 {stats['send_to_receive_p50_ms']:.3f} ms, p99 {stats['send_to_receive_p99_ms']:.3f} ms")
+            print(f"  bare-socket floor, same load: ITL gap p99 {floor['added_itl_p99_ms']:+.3f} ms, send -> receive "
+                  f"p99 {floor['send_to_receive_p99_ms']:.3f} ms; speedlimit above the floor at p99: "
+                  f"{stats['added_over_floor_p99_ms']:+.3f} ms")
 
         guidellm = None if args.skip_guidellm else find_guidellm(args.guidellm)
         if guidellm is None:

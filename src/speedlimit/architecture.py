@@ -208,6 +208,10 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
     vocab = _int(config, "vocab_size")
     if min(hidden, n_layers, n_heads, vocab) <= 0 or n_kv_heads <= 0:
         raise SpeedlimitError("config has a zero size (hidden_size, num_hidden_layers, num_attention_heads, vocab_size)")
+    for key, value, limit in (("hidden_size", hidden, 1 << 20), ("num_hidden_layers", n_layers, 10_000),
+                              ("num_attention_heads", n_heads, 1 << 16), ("vocab_size", vocab, 1 << 27)):  # fmt: skip
+        if value > limit:
+            raise SpeedlimitError(f"config {key} = {value:,} is absurd (> {limit:,}); is this the right config.json?")
     if n_heads % n_kv_heads:
         raise SpeedlimitError(f"num_attention_heads ({n_heads}) is not a multiple of num_key_value_heads ({n_kv_heads})")
     head_dim = _int(config, "head_dim", default=hidden // n_heads)

@@ -2,22 +2,27 @@
 
 A profile is a hardware record (peak bandwidth/FLOPs/memory) plus fitted ``bw_efficiency``,
 ``flops_efficiency`` and ``step_overhead_s``. `speedlimit calibrate` writes them; `--hardware NAME`
-or `--profile NAME` reads them back through `load_profile_hardware`.
+or `--profile NAME` reads them back through `load_profile_hardware`. This module also owns the fit
+(`fit_calibration`) and reading its inputs (`load_calibration_inputs`: verify results, bench summaries).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import platformdirs
 from pydantic import ValidationError
 
 from speedlimit.errors import SpeedlimitError
-from speedlimit.hardware import Hardware, _first_pydantic_message
+from speedlimit.hardware import Efficiency, Hardware, _first_pydantic_message
 
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -71,3 +76,247 @@ def load_profile_hardware(name: str) -> Hardware | None:
     except (tomllib.TOMLDecodeError, ValidationError, TypeError) as error:
         message = _first_pydantic_message(error) if isinstance(error, ValidationError) else str(error)
         raise SpeedlimitError(f"profile {path} is invalid ({message}); rerun `speedlimit calibrate` or delete it") from None
+
+
+# --------------------------------------------------------------------------------------------
+# the fit: measured step times -> bw_efficiency, flops_efficiency, step_overhead_s
+#
+# The estimator's step model is  t = max(bytes / (e_bw · BW), flops / (e_f · FLOPs)) + overhead.
+# Decode steps of one sequence are memory-bound, so their times give a straight line in
+# x = bytes / BW:  t = x / e_bw + overhead  (weighted least squares on relative error, so a 10 ms
+# and a 20 ms step count alike; the context sweep spreads x because the KV cache grows). Prefill is
+# compute-bound, so with the overhead fixed:  t - overhead = (flops / FLOPs) / e_f.
+
+VERIFY_SCHEMA = "speedlimit.verify/1"
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """One measured step: its work as the estimator counts it (per device) and its measured time."""
+
+    kind: Literal["decode", "prefill"]
+    step_bytes: float
+    step_flops: float
+    measured_s: float
+    label: str
+    source: str
+
+
+@dataclass
+class CalibrationFit:
+    bw_efficiency: float
+    flops_efficiency: float
+    step_overhead_s: float
+    bandwidth_Bps: float
+    flops: float | None
+    points: list[CalibrationPoint]
+    before: Efficiency
+    error_before: dict[str, float | None]
+    error_after: dict[str, float | None]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def efficiency(self) -> Efficiency:
+        return Efficiency(bw_efficiency=self.bw_efficiency, flops_efficiency=self.flops_efficiency,
+                          step_overhead_s=self.step_overhead_s, basis="calibrated")
+
+    def predicted_s(self, point: CalibrationPoint, efficiency: Efficiency | None = None) -> float:
+        return predicted_step_seconds(point, self.bandwidth_Bps, self.flops, efficiency or self.efficiency)
+
+
+def predicted_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: float | None, efficiency: Efficiency) -> float:
+    memory_s = point.step_bytes / (bandwidth_Bps * efficiency.bw_efficiency)
+    compute_s = point.step_flops / (flops * efficiency.flops_efficiency) if flops and math.isfinite(flops) else 0.0
+    return max(memory_s, compute_s) + efficiency.step_overhead_s
+
+
+def fit_errors(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float | None,
+               efficiency: Efficiency) -> dict[str, float | None]:
+    """Mean absolute relative error of predicted vs measured step time, per kind and over all points."""
+    errors: dict[str, list[float]] = {"decode": [], "prefill": []}
+    for point in points:
+        predicted = predicted_step_seconds(point, bandwidth_Bps, flops, efficiency)
+        errors[point.kind].append(abs(predicted - point.measured_s) / point.measured_s)
+    every = errors["decode"] + errors["prefill"]
+    return {
+        "decode": sum(errors["decode"]) / len(errors["decode"]) if errors["decode"] else None,
+        "prefill": sum(errors["prefill"]) / len(errors["prefill"]) if errors["prefill"] else None,
+        "all": sum(every) / len(every) if every else None,
+    }
+
+
+def _weighted_line(x: list[float], t: list[float]) -> tuple[float, float]:
+    """Least squares t ≈ slope·x + intercept with weights 1/t² (relative error)."""
+    w = [1.0 / ti**2 for ti in t]
+    sw, sx, st = sum(w), sum(wi * xi for wi, xi in zip(w, x)), sum(wi * ti for wi, ti in zip(w, t))
+    sxx = sum(wi * xi * xi for wi, xi in zip(w, x))
+    sxt = sum(wi * xi * ti for wi, xi, ti in zip(w, x, t))
+    det = sw * sxx - sx * sx
+    slope = (sw * sxt - sx * st) / det
+    return slope, (st - slope * sx) / sw
+
+
+def _weighted_slope(x: list[float], t: list[float]) -> float:
+    """Least squares t ≈ slope·x through the origin, weights 1/t²."""
+    w = [1.0 / ti**2 for ti in t]
+    return sum(wi * xi * ti for wi, xi, ti in zip(w, x, t)) / sum(wi * xi * xi for wi, xi in zip(w, x))
+
+
+def fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float | None,
+                    before: Efficiency) -> CalibrationFit:
+    """Fit bw_efficiency and step_overhead_s to decode points, flops_efficiency to prefill points."""
+    notes: list[str] = []
+    decode = [p for p in points if p.kind == "decode" and p.measured_s > 0]
+    prefill = [p for p in points if p.kind == "prefill" and p.measured_s > 0]
+    if not decode:
+        raise SpeedlimitError("no decode measurements in the given results: pass `speedlimit verify --out FILE` results "
+                              "or bench summaries made with --compare-estimate")
+    x = [p.step_bytes / bandwidth_Bps for p in decode]
+    t = [p.measured_s for p in decode]
+    slope, overhead = None, 0.0
+    if len(decode) >= 2 and (max(x) - min(x)) > 0.02 * max(x):
+        slope, overhead = _weighted_line(x, t)
+        if slope <= 0 or overhead < 0:
+            notes.append("decode time did not grow with bytes read as a line with a positive overhead; "
+                         "fitted with no per-step overhead")
+            slope, overhead = None, 0.0
+    else:
+        notes.append("decode points all read about the same bytes (no context sweep): per-step overhead not "
+                     "separable, fitted as 0")
+    if slope is None:
+        slope = _weighted_slope(x, t)
+    bw_efficiency = 1.0 / slope
+    if bw_efficiency > 1.0:
+        notes.append(f"decode ran at {bw_efficiency:.2f}× the bandwidth figure (caches or a low bandwidth "
+                     "measurement); bw_efficiency capped at 1.0")
+        bw_efficiency = 1.0
+        overhead = max(0.0, sum((ti - xi) / ti**2 for xi, ti in zip(x, t)) / sum(1 / ti**2 for ti in t))
+    overhead = min(overhead, 1.0)
+
+    flops_efficiency = before.flops_efficiency
+    if not prefill:
+        notes.append(f"no prefill measurements: flops_efficiency kept at {before.flops_efficiency:g}")
+    elif not flops or not math.isfinite(flops):
+        notes.append("the base hardware has no FLOPs figure: flops_efficiency kept at its default")
+    else:
+        usable = [p for p in prefill if p.measured_s > overhead]
+        if usable:
+            y = [p.step_flops / flops for p in usable]
+            flops_efficiency = 1.0 / _weighted_slope(y, [p.measured_s - overhead for p in usable])
+            if flops_efficiency > 1.0:
+                notes.append(f"prefill ran at {flops_efficiency:.2f}× the FLOPs figure; flops_efficiency capped at 1.0")
+                flops_efficiency = 1.0
+    fitted = Efficiency(bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=overhead,
+                        basis="calibrated")
+    return CalibrationFit(
+        bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=overhead,
+        bandwidth_Bps=bandwidth_Bps, flops=flops, points=decode + prefill, before=before,
+        error_before=fit_errors(decode + prefill, bandwidth_Bps, flops, before),
+        error_after=fit_errors(decode + prefill, bandwidth_Bps, flops, fitted), notes=notes,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# reading verify results and bench summaries
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpeedlimitError(f"no such results file: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SpeedlimitError(f"{path} is not a readable JSON results file ({error})") from None
+
+
+def points_from_verify(result: dict[str, Any], source: str) -> list[CalibrationPoint]:
+    """Points at the run's headline thread count (the configuration the profile describes)."""
+    threads = result.get("threads") or (result.get("settings") or {}).get("threads")
+    points = []
+    for row in result.get("decode") or []:
+        if row.get("threads") == threads and row.get("tok_s"):
+            points.append(CalibrationPoint("decode", float(row["bytes_per_token"]), float(row["flops_per_token"]),
+                                           1.0 / float(row["tok_s"]), f"decode @ ctx {row['context_start']}", source))
+    for row in result.get("prefill") or []:
+        if row.get("threads") == threads and row.get("median_s"):
+            points.append(CalibrationPoint("prefill", float(row["step_bytes"]), float(row["step_flops"]),
+                                           float(row["median_s"]), f"prefill {row['prompt_tokens']} tok", source))
+    return points
+
+
+def points_from_bench(summary: dict[str, Any], source: str) -> tuple[list[CalibrationPoint], str | None]:
+    """Decode points (mean ITL) of a bench summary that carries an ``estimate`` block; and its hardware name.
+
+    TTFT under concurrent load includes queueing, so bench runs contribute no prefill points.
+    """
+    points, hardware = [], None
+    for run in summary.get("points") or [summary]:
+        block = run.get("estimate") or {}
+        predicted = block.get("predicted") or {}
+        itl = (run.get("itl_s") or {}).get("mean")
+        if not predicted or not itl:
+            continue
+        hardware = hardware or block.get("hardware")
+        batch = int(predicted.get("batch") or 1)
+        tp = int(predicted.get("tp") or 1)
+        points.append(CalibrationPoint(
+            "decode", float(predicted["bytes_per_token"]) * batch / tp, float(predicted["flops_per_token"]) * batch / tp,
+            float(itl), f"bench decode, batch {batch}", source))
+    return points, hardware
+
+
+def load_calibration_inputs(paths: list[Path]) -> tuple[list[CalibrationPoint], Hardware | None, str | None, list[str]]:
+    """All points from ``paths``; the measured machine of the first verify result; a bench hardware name; notes."""
+    points: list[CalibrationPoint] = []
+    measured: Hardware | None = None
+    bench_hardware: str | None = None
+    notes: list[str] = []
+    if not paths:
+        raise SpeedlimitError("give at least one results file: `speedlimit verify --out verify.json` writes one")
+    for path in paths:
+        data = _read_json(path)
+        if not isinstance(data, dict):
+            raise SpeedlimitError(f"{path} is not a verify result or bench summary (expected a JSON object)")
+        if data.get("schema") == VERIFY_SCHEMA:
+            found = points_from_verify(data, str(path))
+            if not data.get("complete"):
+                notes.append(f"{path} is an incomplete verify run: using the {len(found)} points it has")
+            if measured is None and data.get("measured_bandwidth_Bps"):
+                measured = Hardware(
+                    key="this-machine", name=f"{(data.get('machine') or {}).get('cpu') or 'this machine'} (measured)",
+                    vendor="measured", kind="cpu", memory_bandwidth_Bps=float(data["measured_bandwidth_Bps"]),
+                    memory_bytes=(data.get("machine") or {}).get("memory_bytes"),
+                    flops={"fp32": float(data["measured_flops"])} if data.get("measured_flops") else {},
+                    source=f"speedlimit verify ({path})")
+        elif "estimate" in data or "points" in data or "itl_s" in data:
+            found, hardware = points_from_bench(data, str(path))
+            bench_hardware = bench_hardware or hardware
+            if not found:
+                notes.append(f"{path}: bench summary without an estimate block (run bench with --compare-estimate): skipped")
+        else:
+            raise SpeedlimitError(f"{path} is neither a `speedlimit verify` result nor a bench summary.json")
+        points += found
+    return points, measured, bench_hardware, notes
+
+
+def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list[str]) -> dict[str, Any]:
+    """The TOML record `save_profile` writes: the base hardware's peaks plus the fitted efficiencies."""
+    return {
+        "key": name,
+        "name": f"{name} (calibrated on {base.name})",
+        "vendor": base.vendor,
+        "kind": base.kind,
+        "memory_bandwidth_Bps": base.memory_bandwidth_Bps,
+        "memory_bytes": base.memory_bytes,
+        "interconnect_Bps": base.interconnect_Bps,
+        "bw_efficiency": round(fit.bw_efficiency, 4),
+        "flops_efficiency": round(fit.flops_efficiency, 4),
+        "step_overhead_s": round(fit.step_overhead_s, 7),
+        "base_hardware": base.key,
+        "source": base.source or "speedlimit calibrate",
+        "calibrated_from": sources,
+        "calibrated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "fit_error_before": fit.error_before["all"],
+        "fit_error_after": fit.error_after["all"],
+        "flops": dict(base.flops),
+    }

@@ -1,7 +1,7 @@
 """The `speedlimit` command line: a thin typer shell over the library.
 
-Every command lives in the module that owns its leg; this file only registers them and turns
-`SpeedlimitError` into one line on stderr and exit code 2.
+Every command lives in the module that owns its leg (heavy imports happen inside the commands);
+this file only registers them and turns `SpeedlimitError` into one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ import sys
 
 import typer
 
+from speedlimit.bench.cli import bench_command
 from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator.command import estimate_command, hardware_command, models_command, sweep_command
+from speedlimit.report.command import report_command
+from speedlimit.verify.command import calibrate_command, verify_command
+from speedlimit.web.command import serve_command
 
 app = typer.Typer(
     name="speedlimit",
@@ -20,16 +25,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# --- command registration (one line per leg) ---------------------------------------------
-from speedlimit.bench.cli import bench_command  # noqa: E402
-
-app.command("bench")(bench_command)
-from speedlimit.estimator.command import estimate_command, hardware_command, models_command, sweep_command  # noqa: E402
-
+# estimate leg
 app.command("estimate")(estimate_command)
 app.command("sweep")(sweep_command)
 app.command("models")(models_command)
 app.command("hardware")(hardware_command)
+# bench leg
+app.command("bench")(bench_command)
+# verify leg
+app.command("verify")(verify_command)
+app.command("calibrate")(calibrate_command)
+# pictures
+app.command("serve")(serve_command)
+app.command("report")(report_command)
 
 
 def main() -> None:

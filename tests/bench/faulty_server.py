@@ -7,7 +7,7 @@ fail on purpose. The fault is chosen by the first path segment of the URL, so on
     http://127.0.0.1:PORT/<mode>/v1/completions
 
 Modes:
-    ok            `max_tokens` chunks (one "token" each), then a finish chunk, a usage chunk when
+    ok            `max_tokens` (or `max_completion_tokens`, default 16) chunks (one "token" each), then a finish chunk, a usage chunk when
                   `stream_options.include_usage` is asked for, and `[DONE]`.
     nousage       like ok but never reports usage (llama-cpp-python style).
     firehose      like ok, as fast as the socket allows; every chunk's text is the server's send time
@@ -64,6 +64,8 @@ class _Handler:
         self.server = server
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self.server.connections.add(task)
         try:
             while True:
                 request_line = await reader.readline()
@@ -86,6 +88,7 @@ class _Handler:
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             return
         finally:
+            self.server.connections.discard(task)
             try:
                 writer.close()
             except Exception:  # noqa: BLE001 - the socket may already be gone
@@ -101,6 +104,10 @@ class _Handler:
                 self.server.request_counter += 1
             mode = MIXED_CYCLE[index % len(MIXED_CYCLE)]
         self.server.modes_served.append(mode)
+        if method == "GET" and route == "/health":
+            writer.write(self._head(200, "application/json", 2) + b"{}")
+            await writer.drain()
+            return True
         if method == "GET" and route == "/v1/models":
             payload = json.dumps({"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]}).encode()
             writer.write(self._head(200, "application/json", len(payload)) + payload)
@@ -130,7 +137,7 @@ class _Handler:
         return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
     async def stream(self, mode: str, request: dict, chat: bool, writer: asyncio.StreamWriter) -> bool:
-        n_tokens = int(request.get("max_tokens") or 16)
+        n_tokens = int(request.get("max_tokens") or request.get("max_completion_tokens") or 16)
         include_usage = bool((request.get("stream_options") or {}).get("include_usage")) and mode != "nousage"
         writer.write(self._head(200, "text/event-stream", None))
         pace_s = float(mode.split("-", 1)[1]) / 1000 if mode.startswith("paced-") else 0.0
@@ -185,6 +192,7 @@ class FaultyOpenAIServer:
         self.lock = threading.Lock()
         self.request_counter = 0
         self.modes_served: list[str] = []
+        self.connections: set = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -203,6 +211,9 @@ class FaultyOpenAIServer:
             on_ready(self.port)
         async with server:
             await self._stop.wait()
+            for task in list(self.connections):
+                task.cancel()
+            await asyncio.gather(*self.connections, return_exceptions=True)
 
     def start(self) -> "FaultyOpenAIServer":
         def run() -> None:

@@ -24,7 +24,8 @@ from speedlimit.errors import SpeedlimitError
 PERCENTILES = (50, 90, 95, 99)
 
 #: Error kinds a request can end with (None = completed). `http_<status>` covers every non-200 status.
-ERROR_KINDS = ("connect", "disconnect", "malformed_sse", "timeout", "empty", "server_error", "http_<status>", "client")
+ERROR_KINDS = ("connect", "disconnect", "truncated", "malformed_sse", "timeout", "empty", "server_error",
+               "http_<status>", "client")
 
 
 @dataclass

@@ -154,7 +154,7 @@ def _caption(result: Estimate) -> str:
 
 def _short(basis: str, limit: int = 90) -> str:
     """The first clause of an efficiency basis; the full text is in --json and efficiency.toml."""
-    head = basis.split(" (", 1)[0].split("; ", 1)[0]
+    head = basis.split(" (", 1)[0].split("; ", 1)[0].split(": ", 1)[0]
     return head if len(head) <= limit else head[: limit - 1] + "…"
 
 

@@ -1,0 +1,115 @@
+"""The `speedlimit bench` typer command: parse flags, run `BenchRunner`, print/write the summary, pick the exit code.
+
+Exit codes: 0 after any run (errors are counted, not fatal), 1 when --fail-on-error and a request failed,
+2 on bad input or when the server is unreachable at start-up (pre-flight `GET /v1/models`; --skip-preflight turns
+that into per-request `connect` errors instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from speedlimit.bench.client import API_KEY_ENV, Endpoint
+from speedlimit.bench.compare import estimate_for
+from speedlimit.bench.metrics import parse_slo
+from speedlimit.bench.report import LiveProgress, print_summary
+from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan, parse_sweep, write_json
+from speedlimit.bench.workload import parse_length_spec
+from speedlimit.errors import SpeedlimitError
+
+
+def _extra_body(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise SpeedlimitError(f"--extra-body is not JSON: {text!r}") from None
+    if not isinstance(value, dict):
+        raise SpeedlimitError("--extra-body must be a JSON object")
+    return value
+
+
+def bench_command(
+    url: str = typer.Option(..., help="Server base URL ending in /v1, e.g. http://127.0.0.1:8000/v1."),
+    model: Optional[str] = typer.Option(None, help="Served model name (default: the first one /v1/models lists)."),
+    api: str = typer.Option("completions", help="completions (/v1/completions) or chat (/v1/chat/completions)."),
+    api_key: Optional[str] = typer.Option(None, envvar=API_KEY_ENV, help=f"Bearer key (or ${API_KEY_ENV}).",
+                                          show_default=False),
+    prompt_tokens: str = typer.Option("128", help="Prompt length in tokens: N, uniform:LOW:HIGH or normal:MEAN:STD."),
+    output_tokens: int = typer.Option(64, help="Output tokens per request (max_tokens; forced unless --no-force-output)."),
+    dataset: Optional[Path] = typer.Option(None, help="JSONL of prompts ({'prompt': ...} or {'messages': [...]})."),
+    seed: int = typer.Option(0, help="Seed for prompts, lengths and arrival times."),
+    concurrency: Optional[int] = typer.Option(None, help="Closed loop: this many requests in flight (default 1)."),
+    rate: Optional[float] = typer.Option(None, help="Open loop: mean arrivals per second (inf = all at once)."),
+    burstiness: float = typer.Option(1.0, help="Gamma shape of arrivals: 1 Poisson, <1 burstier, >1 steadier."),
+    requests: Optional[int] = typer.Option(None, help="Requests to send (default 100 unless --duration)."),
+    duration: Optional[float] = typer.Option(None, help="Seconds to keep sending (instead of --requests)."),
+    warmup: int = typer.Option(0, help="Requests sent first and left out of the results."),
+    sweep: Optional[str] = typer.Option(None, help="concurrency=1,2,4 or rate=0.5,1,2: one run per value + knee."),
+    knee_fraction: float = typer.Option(0.9, help="Knee = lowest load reaching this fraction of peak tok/s."),
+    slo: Optional[str] = typer.Option(None, help="Goodput SLO, e.g. ttft=500ms,itl=50ms (keys ttft itl tpot e2e)."),
+    timeout: float = typer.Option(600.0, help="Per-request timeout in seconds."),
+    out: Optional[Path] = typer.Option(None, help="Directory for requests.jsonl and summary.json."),
+    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+    fail_on_error: bool = typer.Option(False, help="Exit 1 when any request failed."),
+    include_usage: bool = typer.Option(True, help="Ask for usage in the stream (stream_options.include_usage)."),
+    force_output: bool = typer.Option(True, help="Send min_tokens and ignore_eos so outputs reach --output-tokens."),
+    extra_body: Optional[str] = typer.Option(None, help="JSON object merged into every request body."),
+    count_tokens: bool = typer.Option(True, help="Without usage, count output tokens with the server's tokenizer."),
+    skip_preflight: bool = typer.Option(False, help="Do not check /v1/models or probe the tokenizer first."),
+    progress: bool = typer.Option(True, help="Show live progress on stderr."),
+    compare_estimate: bool = typer.Option(False, help="Add the estimator's prediction and measured/predicted."),
+    hardware: Optional[str] = typer.Option(None, help="Hardware catalog name for --compare-estimate."),
+    estimate_model: Optional[str] = typer.Option(None, help="Catalog name or config.json/.gguf path for the "
+                                                            "estimate (default: the served model name)."),
+) -> None:
+    """Load-test an OpenAI-compatible streaming server: TTFT, ITL, TPOT, E2E, throughput, goodput, errors."""
+    if compare_estimate and not hardware:
+        raise SpeedlimitError("--compare-estimate needs --hardware NAME (a hardware catalog name)")
+    if sweep is None and concurrency is None and rate is None:
+        concurrency = 1
+    endpoint = Endpoint(url, model=model, api=api, api_key=api_key, include_usage=include_usage,
+                        force_output=force_output, timeout_s=timeout, extra_body=_extra_body(extra_body))
+    if timeout <= 0:
+        raise SpeedlimitError("--timeout must be > 0 seconds")
+    workload = WorkloadPlan(parse_length_spec(prompt_tokens), output_tokens, dataset, seed)
+    slo_bounds = parse_slo(slo)
+    sweep_spec = parse_sweep(sweep) if sweep else None
+    base_plan = LoadPlan(concurrency=concurrency if sweep_spec is None else 1,
+                         rate=rate if sweep_spec is None else None, burstiness=burstiness, requests=requests,
+                         duration_s=duration, warmup=warmup)
+    if sweep_spec is None and concurrency is not None and rate is not None:
+        raise SpeedlimitError("give exactly one of --concurrency (closed loop) or --rate (open loop)")
+    stderr = Console(stderr=True)
+    live = progress and stderr.is_terminal
+
+    async def main() -> dict[str, Any]:
+        tracker = (lambda label, total: LiveProgress(stderr, label, total)) if live else None
+        async with BenchRunner(endpoint, workload, slo=slo_bounds, preflight=not skip_preflight,
+                               count_tokens=count_tokens, progress=tracker) as runner:
+            if sweep_spec is not None:
+                return await runner.sweep(sweep_spec[0], sweep_spec[1], base_plan, out, knee_fraction)
+            return (await runner.run(base_plan, out)).summary
+
+    summary = asyncio.run(main())
+    if compare_estimate:
+        for point in summary.get("points", [summary]):
+            point["estimate"] = estimate_for(point, hardware=hardware, served_model=endpoint.model,
+                                             estimate_model=estimate_model)
+        if out is not None:
+            write_json(out / "summary.json", summary)
+    if json_output:
+        sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
+    else:
+        print_summary(Console(), summary)
+    failed = sum(p["failed"] for p in summary.get("points", [summary]))
+    if fail_on_error and failed:
+        raise typer.Exit(code=1)

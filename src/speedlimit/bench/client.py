@@ -1,0 +1,267 @@
+"""The streaming HTTP client of `speedlimit bench`: one OpenAI-compatible request -> one `RequestRecord`.
+
+aiohttp, not httpx: on the 2-core dev box aiohttp read ~7x more SSE tokens/s than httpx's `aiter_lines` against
+the same local firehose with 1,000 concurrent streams (see benchmarks/bench_client_overhead.py for current figures).
+The timestamp of an SSE event is `time.perf_counter_ns()` taken the moment the socket read that carried it returns,
+before any parsing, so parsing cost never shows up as latency. Every failure becomes an error *kind*, never an
+exception out of `send_request`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from speedlimit.bench.metrics import RequestRecord
+from speedlimit.bench.sse import MalformedSSE, SSEDecoder, interpret_event
+from speedlimit.bench.workload import RequestSpec
+from speedlimit.errors import SpeedlimitError
+
+API_KEY_ENV = "SPEEDLIMIT_API_KEY"
+API_PATHS = {"completions": "/completions", "chat": "/chat/completions"}
+
+
+@dataclass
+class Endpoint:
+    """Where and how to send: base URL ending in /v1, API flavour, model, auth and the request extras."""
+
+    base_url: str
+    model: str | None = None
+    api: str = "completions"
+    api_key: str | None = None
+    include_usage: bool = True  # send stream_options.include_usage (OpenAI, vLLM, SGLang, Ollama, TGI honour it)
+    force_output: bool = True  # send min_tokens = ignore_eos-style forcing so every request yields max_tokens
+    timeout_s: float = 600.0
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.base_url = self.base_url.rstrip("/")
+        if self.api not in API_PATHS:
+            raise SpeedlimitError(f"unknown --api {self.api!r}: use completions or chat")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise SpeedlimitError(f"--url must start with http:// or https:// (got {self.base_url!r})")
+        if self.api_key is None:
+            self.api_key = os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY")
+
+    @property
+    def url(self) -> str:
+        return self.base_url + API_PATHS[self.api]
+
+    @property
+    def root_url(self) -> str:
+        """The server root (tokenize endpoints live there, not under /v1)."""
+        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+
+def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
+    """The JSON body for one request (pure). Forcing the length uses both vLLM/SGLang/llama.cpp's `ignore_eos` and
+    vLLM/SGLang/llama-cpp-python's `min_tokens`; servers that do not know a field ignore it (OpenAI itself rejects
+    them: use --no-force-output there)."""
+    body: dict[str, Any] = {"model": endpoint.model, "stream": True, "max_tokens": spec.max_tokens}
+    if endpoint.api == "chat":
+        body["messages"] = spec.messages or [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = spec.prompt
+    if endpoint.include_usage:
+        body["stream_options"] = {"include_usage": True}
+    if endpoint.force_output:
+        body["min_tokens"] = spec.max_tokens
+        body["ignore_eos"] = True
+    body.update(endpoint.extra_body)
+    body.update(spec.extra)
+    if body["model"] is None:
+        body.pop("model")
+    return body
+
+
+def make_session(limit: int = 0) -> aiohttp.ClientSession:
+    """One pooled session for a whole run: no connection cap (0), no total timeout (we time each request)."""
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=300, force_close=False)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                 read_bufsize=2**16, auto_decompress=False)
+
+
+def run_async(coro, use_uvloop: bool = True):
+    """`asyncio.run(coro)`, on uvloop when it is installed (less event-loop overhead per SSE event)."""
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(coro)
+    return asyncio.run(coro)
+
+
+def raise_open_file_limit(wanted: int = 65536) -> int:
+    """Lift RLIMIT_NOFILE's soft limit toward `wanted` (1,000 streams need > 1,024 fds on many systems)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        return soft
+    except (ImportError, ValueError, OSError):
+        return -1
+
+
+#: Raw reads kept before they are parsed. Parsing is deferred so that the hot loop only stamps and stores each read:
+#: when a batched server emits one chunk per stream at once, the last stream's timestamp then waits for cheap appends
+#: of the others, not for their JSON parsing. Streams longer than this are parsed in slices.
+PARSE_BACKLOG_READS = 1024
+
+
+class _StreamParse:
+    """Turns the timestamped raw reads of one response into tokens, usage, finish and in-stream errors."""
+
+    __slots__ = ("decoder", "token_ns", "texts", "usage", "finish_reason", "finished", "error_kind", "error_text")
+
+    def __init__(self) -> None:
+        self.decoder = SSEDecoder()
+        self.token_ns: list[int] = []
+        self.texts: list[str] = []
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+        self.finished = False  # saw finish_reason or [DONE]
+        self.error_kind: str | None = None
+        self.error_text: str | None = None
+
+    def _events(self, now_ns: int, events: list[tuple[str, str]]) -> None:
+        for name, data in events:
+            if self.error_kind is not None:
+                return
+            try:
+                event = interpret_event(name, data)
+            except MalformedSSE as error:
+                self.error_kind, self.error_text = "malformed_sse", str(error)
+                return
+            if event.error is not None:
+                self.error_kind, self.error_text = "server_error", event.error
+                return
+            if event.text:
+                self.token_ns.append(now_ns)
+                self.texts.append(event.text)
+            if event.usage is not None:
+                self.usage = event.usage
+            if event.finish_reason:
+                self.finish_reason = event.finish_reason
+                self.finished = True
+            if event.done:
+                self.finished = True
+
+    def consume(self, stamps: list[int], reads: list[bytes]) -> None:
+        for now_ns, chunk in zip(stamps, reads):
+            self._events(now_ns, self.decoder.feed(chunk))
+
+    def close(self, now_ns: int) -> None:
+        self._events(now_ns, self.decoder.close())
+
+
+async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec: RequestSpec) -> RequestRecord:
+    """Send one streaming request and time it; errors are recorded by kind, never raised."""
+    record = RequestRecord(index=spec.index, prompt_tokens=spec.prompt_tokens,
+                           prompt_token_source=spec.prompt_token_source)
+    payload = json.dumps(request_body(endpoint, spec)).encode()
+    parse = _StreamParse()
+    stamps: list[int] = []
+    reads: list[bytes] = []
+    body_complete = False
+    record.start_ns = time.perf_counter_ns()
+    try:
+        async with asyncio.timeout(endpoint.timeout_s):
+            async with session.post(endpoint.url, data=payload, headers=endpoint.headers) as response:
+                record.http_status = response.status
+                if response.status != 200:
+                    body = await response.content.read(2000)
+                    record.error_kind = f"http_{response.status}"
+                    record.error_text = body.decode("utf-8", "replace")[:300]
+                else:
+                    async for chunk in response.content.iter_any():
+                        stamps.append(time.perf_counter_ns())  # first thing after the read returns
+                        reads.append(chunk)
+                        if len(reads) >= PARSE_BACKLOG_READS:
+                            parse.consume(stamps, reads)
+                            stamps, reads = [], []
+                    body_complete = True
+    except TimeoutError:
+        record.error_kind, record.error_text = "timeout", f"no complete response within {endpoint.timeout_s:g} s"
+    except aiohttp.ClientConnectorError as error:
+        record.error_kind, record.error_text = "connect", str(error)[:300]
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+            ConnectionError) as error:
+        record.error_kind, record.error_text = "disconnect", (str(error) or type(error).__name__)[:300]
+    except aiohttp.ClientError as error:
+        record.error_kind, record.error_text = "client", (str(error) or type(error).__name__)[:300]
+    record.end_ns = time.perf_counter_ns()
+    parse.consume(stamps, reads)
+    if body_complete:
+        parse.close(record.end_ns)
+    if record.error_kind is None and parse.error_kind is not None:
+        record.error_kind, record.error_text = parse.error_kind, parse.error_text
+    elif record.error_kind is None and record.http_status == 200:
+        if not parse.finished:
+            record.error_kind = "disconnect"
+            record.error_text = "stream ended without finish_reason or [DONE]"
+        elif parse.finish_reason is None and parse.token_ns:
+            # e.g. llama-cpp-python with interrupt_requests (its default) cuts a stream when another request
+            # waits: [DONE] with no finish_reason.
+            record.error_kind = "truncated"
+            record.error_text = "[DONE] arrived but no choice ever had a finish_reason"
+    token_ns = parse.token_ns
+    record.finish_reason = parse.finish_reason
+    record.e2e_s = (record.end_ns - record.start_ns) / 1e9
+    record.output_chunks = len(token_ns)
+    record.output_text = "".join(parse.texts)
+    if token_ns:
+        record.ttft_s = (token_ns[0] - record.start_ns) / 1e9
+        record.itl_s = [(b - a) / 1e9 for a, b in zip(token_ns, token_ns[1:])]
+    usage = parse.usage
+    if usage is not None:
+        record.output_tokens = int(usage["completion_tokens"])
+        record.token_count_source = "usage"
+        if usage.get("prompt_tokens") is not None:
+            record.prompt_tokens = int(usage["prompt_tokens"])
+            record.prompt_token_source = "usage"
+    else:
+        record.output_tokens = len(token_ns)
+        record.token_count_source = "chunks"
+    if record.error_kind is None and not token_ns:
+        record.error_kind, record.error_text = "empty", "the stream carried no generated text"
+    return record
+
+
+async def check_server(session: aiohttp.ClientSession, endpoint: Endpoint) -> list[str]:
+    """Pre-flight `GET /models`: model ids the server lists. Unreachable server or refused key -> SpeedlimitError."""
+    try:
+        async with session.get(endpoint.base_url + "/models", headers=endpoint.headers,
+                               timeout=aiohttp.ClientTimeout(total=15)) as response:
+            if response.status in (401, 403):
+                raise SpeedlimitError(f"{endpoint.base_url} refused the API key (HTTP {response.status}): "
+                                      f"pass --api-key or set {API_KEY_ENV}")
+            if response.status != 200:
+                return []
+            reply = await response.json(content_type=None)
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, TimeoutError) as error:
+        raise SpeedlimitError(f"cannot reach {endpoint.base_url} ({error or type(error).__name__}): start the server "
+                              "or fix --url (or pass --skip-preflight to record connection errors instead)") from None
+    except (aiohttp.ClientError, ValueError):
+        return []
+    data = reply.get("data") if isinstance(reply, dict) else None
+    return [str(m.get("id")) for m in data or [] if isinstance(m, dict) and m.get("id")]

@@ -1,0 +1,163 @@
+"""Estimator curves as plain data: the batch curve (throughput vs per-user speed) and the roofline.
+
+Shared by the web calculator (`speedlimit.web`) and the PNGs of `speedlimit.report.plots`. Pure: no
+I/O, no plotting. The current point always comes from `estimate()`; the batch curve evaluates the
+same roofline core over an array of batch sizes in one numpy pass (tests check every point equals
+`estimate(batch=b)`), because one `estimate()` call per point is too slow for a live page.
+
+Knee of the batch curve: the batch from which every further step up raises aggregate throughput
+by less than half as much (in log terms) as it raises the batch, i.e. where the throughput
+elasticity d log(throughput) / d log(batch) falls below `KNEE_ELASTICITY` for good. Past it, each
+doubling of the batch costs more in per-user speed than it gains in throughput. "For good" matters
+for MoE models, whose elasticity dips at small batches (more experts read) and then recovers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from speedlimit.architecture import Architecture
+from speedlimit.catalog import resolve_hardware, resolve_model
+from speedlimit.estimator import core
+from speedlimit.estimator.api import MAX_BATCH, Estimate, cost_model, estimate, ideal_cost_model
+from speedlimit.hardware import Hardware
+from speedlimit.precision import parse_precision
+
+KNEE_ELASTICITY = 0.5
+#: Largest batch a curve shows when the device capacity is unknown or not even batch 1 fits.
+DEFAULT_CURVE_MAX_BATCH = 1024
+CURVE_MAX_BATCH = 65536
+
+
+def curve_batches(current_batch: int, max_batch_fits: float | None) -> list[int]:
+    """~√2-spaced batch sizes from 1 to past the memory limit (and always the current batch)."""
+    if max_batch_fits is None or not math.isfinite(max_batch_fits) or max_batch_fits < 1:
+        upper = DEFAULT_CURVE_MAX_BATCH  # unknown capacity, or nothing fits: still show the shape
+    else:
+        upper = int(min(max(max_batch_fits * 1.5, 16), CURVE_MAX_BATCH))
+    values = {1, int(current_batch)}
+    value = 1.0
+    while value <= upper:
+        values.add(int(round(value)))
+        value *= math.sqrt(2)
+    if max_batch_fits is not None and 1 <= max_batch_fits <= CURVE_MAX_BATCH:
+        values.add(int(max_batch_fits))
+    return sorted(v for v in values if 1 <= v <= MAX_BATCH)
+
+
+def find_batch_knee(batches: list[int], throughput_tok_s: list[float]) -> int | None:
+    """The batch from which throughput elasticity stays below `KNEE_ELASTICITY` (None: not within the curve)."""
+    knee = None
+    for i in range(len(batches) - 1):
+        b0, b1, t0, t1 = batches[i], batches[i + 1], throughput_tok_s[i], throughput_tok_s[i + 1]
+        if b1 <= b0 or t0 <= 0 or t1 <= 0:
+            continue
+        if math.log(t1 / t0) / math.log(b1 / b0) < KNEE_ELASTICITY:
+            knee = b0 if knee is None else knee
+        else:
+            knee = None
+    return knee
+
+
+def batch_curve(
+    model: str | Architecture,
+    hardware: str | Hardware,
+    *,
+    batches: list[int] | None = None,
+    **estimate_kwargs: Any,
+) -> dict[str, Any]:
+    """The current estimate plus the curve across batch sizes.
+
+    Returns ``{"estimate": Estimate.to_dict(), "points": [{batch, decode_tok_s, itl_s,
+    throughput_tok_s, memory_bytes, fits, regime}], "knee_batch": int | None, "critical_batch": ...}``.
+    """
+    arch = model if isinstance(model, Architecture) else resolve_model(model)
+    device = hardware if isinstance(hardware, Hardware) else resolve_hardware(hardware)
+    current = estimate(arch, device, **estimate_kwargs)  # validates every input
+    if batches is None:
+        batches = curve_batches(current.batch, current.max_batch)
+    else:
+        for b in batches:  # same bounds as estimate()
+            estimate(arch, device, **{**estimate_kwargs, "batch": b, "output": current.output})
+        batches = sorted({int(b) for b in batches})
+    points = _curve_points(arch, device, current, estimate_kwargs, np.asarray(batches, dtype=float))
+    knee = find_batch_knee([p["batch"] for p in points], [p["throughput_tok_s"] for p in points])
+    return {
+        "estimate": current.to_dict(),
+        "points": points,
+        "knee_batch": knee,
+        "knee_rule": f"batch from which d log(throughput)/d log(batch) stays below {KNEE_ELASTICITY}",
+        "critical_batch": current.critical_batch,
+        "max_batch": current.max_batch,
+    }
+
+
+def _curve_points(arch: Architecture, device: Hardware, current: Estimate, kwargs: dict[str, Any], batch: np.ndarray) -> list[dict[str, Any]]:
+    weights = kwargs.get("weights")
+    cost, _ = cost_model(arch, parse_precision(weights, what="weights") if weights is not None else None, parse_precision(current.kv, what="kv"))
+    if current.mode == "ideal":
+        cost = ideal_cost_model(cost, arch)
+    machine = core.Machine(
+        bandwidth_Bps=current.bandwidth_Bps * current.bw_efficiency,
+        flops=current.flops * current.flops_efficiency if current.flops is not None else math.inf,
+        step_overhead_s=current.step_overhead_s,
+        memory_bytes=device.memory_bytes if device.memory_bytes else math.nan,
+        link_Bps=device.interconnect_Bps if device.interconnect_Bps else math.nan,
+        tp=float(current.tp),
+    )
+    prompt, output = current.prompt, current.output
+    itl = np.asarray(core.mean_decode_step_seconds(cost, machine, batch, prompt, prompt + output), dtype=float)
+    mid = prompt + output / 2
+    memory_s, compute_s = core.roofline_seconds(core.decode_bytes(cost, batch, mid), core.decode_flops(cost, batch, mid), machine)
+    memory = cost.total_weight_bytes + np.asarray(core.kv_cache_bytes(cost, batch, prompt + output), dtype=float)
+    capacity = current.memory_capacity_bytes
+    compute_bound = np.broadcast_to(np.asarray(compute_s) > np.asarray(memory_s), batch.shape)
+    return [
+        {
+            "batch": int(b),
+            "decode_tok_s": float(1.0 / t),
+            "itl_s": float(t),
+            "throughput_tok_s": float(b / t),
+            "memory_bytes": float(m),
+            "fits": None if capacity is None else bool(m <= capacity),
+            "regime": "compute" if c else "memory",
+        }
+        for b, t, m, c in zip(batch, itl, np.broadcast_to(memory, batch.shape), compute_bound)
+    ]
+
+
+def roofline(result: dict[str, Any]) -> dict[str, Any]:
+    """Roofline of one `Estimate.to_dict()` per device: peak and effective roofs, ridge points, the point.
+
+    x: arithmetic intensity (FLOPs per byte of a decode step); y: FLOP/s per device. The point is
+    the achieved rate, FLOPs per token × aggregate tokens/s ÷ tp (below the roof by the step overhead).
+    """
+    bw_peak = float(result["bandwidth_Bps"])
+    flops_peak = result.get("flops")
+    bw_eff = bw_peak * float(result["bw_efficiency"])
+    flops_eff = None if flops_peak is None else float(flops_peak) * float(result["flops_efficiency"])
+    intensity = float(result["arithmetic_intensity"])
+    achieved = float(result["flops_per_token"]) * float(result["throughput_tok_s"]) / int(result["tp"])
+    ridge_peak = None if flops_peak is None else float(flops_peak) / bw_peak
+    ridge_eff = None if flops_eff is None else flops_eff / bw_eff
+    ridge = ridge_peak or intensity
+    x_low = 10 ** math.floor(math.log10(max(min(intensity, ridge) / 10, 1e-3)))
+    x_high = 10 ** math.ceil(math.log10(max(intensity, ridge) * 10))
+    xs = [float(x) for x in np.geomspace(x_low, x_high, 64)]
+
+    def roof(bw: float, flops: float | None) -> list[float]:
+        return [x * bw if flops is None else min(flops, x * bw) for x in xs]
+
+    return {
+        "intensity": xs,
+        "peak_roof_flops": roof(bw_peak, None if flops_peak is None else float(flops_peak)),
+        "effective_roof_flops": roof(bw_eff, flops_eff),
+        "ridge_intensity": ridge_peak,
+        "effective_ridge_intensity": ridge_eff,
+        "point": {"intensity": intensity, "flops": achieved, "regime": result["regime"]},
+        "bandwidth_Bps": bw_peak,
+        "peak_flops": flops_peak,
+    }

@@ -1,0 +1,230 @@
+"""The typer commands `speedlimit verify` and `speedlimit calibrate`, and their rich tables.
+
+`verify_command` turns flags into `VerifySettings`, runs `run.run_verify` under a rich progress bar (on
+stderr, only when it is a terminal) and prints the side-by-side tables or ``--json``. `calibrate_command`
+reads results files, fits through `speedlimit.calibration` and saves the profile.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from speedlimit.errors import SpeedlimitError
+from speedlimit.hardware import _first_pydantic_message
+
+
+def _gb(value: float | None) -> str:
+    return "—" if value is None else f"{value / 1e9:,.2f}"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1e3:,.1f} ms"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.0f}%"
+
+
+def parse_contexts(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise SpeedlimitError(f"--contexts must be comma-separated token counts like 128,512,2048, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise SpeedlimitError(f"--contexts must be positive token counts like 128,512,2048, got {text!r}")
+    return values
+
+
+def render_verify(console: Console, result: dict[str, Any]) -> None:
+    machine, model, engine = result["machine"], result["model"], result["engine"]
+    bw = Table(title=f"This machine: {machine['cpu']}, {machine['cores']} cores, "
+                     f"{(machine['memory_bytes'] or 0) / 2**30:.1f} GiB RAM", title_justify="left")
+    bw.add_column("measurement")
+    bw.add_column("threads", justify="right")
+    bw.add_column("best", justify="right")
+    bw.add_column("all runs", justify="right")
+    for kernel in result["bandwidth"]["kernels"]:
+        bw.add_row(f"bandwidth: {kernel['kernel']}", str(kernel["threads"]), f"{_gb(kernel['best_Bps'])} GB/s",
+                   " ".join(f"{r / 1e9:.1f}" for r in kernel["runs_Bps"]))
+    matmul = result["matmul"]
+    bw.add_row(f"matmul fp32 {matmul['n']}²", "BLAS", f"{matmul['best_flops'] / 1e9:,.1f} GFLOP/s",
+               " ".join(f"{r / 1e9:.0f}" for r in matmul["runs_flops"]))
+    console.print(bw)
+    console.print(f"[dim]bandwidth counted as STREAM does (no write-allocate); roofline uses "
+                  f"{_gb(result['measured_bandwidth_Bps'])} GB/s = {result['bandwidth']['basis']}[/dim]")
+
+    threads = result["threads"]
+    settings = result["settings"]
+    side = Table(title=f"{model['name']} ({model['file_type']}, {model['file_bytes'] / 1e6:,.0f} MB) in llama-cpp-python "
+                       f"{engine['version']}, {threads} threads, median of {settings['runs']} runs", title_justify="left")
+    side.add_column("")
+    side.add_column("measured", justify="right")
+    side.add_column("predicted", justify="right")
+    side.add_column("roofline limit", justify="right")
+    side.add_column("measured ÷ limit", justify="right")
+    side.add_row(f"decode tok/s (ctx {settings['prompt_tokens']}, {settings['decode_tokens']} tokens)",
+                 _num(result["decode_tok_s_measured"]), _num(result["decode_tok_s_predicted"]),
+                 _num(result["decode_tok_s_limit"]), _pct(result["efficiency"]))
+    side.add_row(f"TTFT ({settings['prompt_tokens']}-token prompt)", _ms(result["ttft_s_measured"]),
+                 _ms(result["ttft_s_predicted"]), _ms(result["ttft_s_limit"]),
+                 _pct(result.get("prefill_efficiency")))
+    side.add_row("prefill tok/s", _num(result["prefill_tok_s_measured"]),
+                 _num(settings["prompt_tokens"] / result["ttft_s_predicted"] if result["ttft_s_predicted"] else None),
+                 _num(settings["prompt_tokens"] / result["ttft_s_limit"] if result["ttft_s_limit"] else None), "")
+    console.print(side)
+    eff = result["default_efficiency"]
+    console.print(f"bytes streamed per token: {result['bytes_per_token'] / 1e6:,.1f} MB   FLOPs per token: "
+                  f"{result['flops_per_token'] / 1e9:,.2f} G   regime: [bold]{result['regime']}-bound[/bold]")
+    console.print(f"[dim]predicted = estimator on the measured bandwidth/FLOPs with default CPU efficiencies "
+                  f"(bw {eff['bw_efficiency']:g}, FLOPs {eff['flops_efficiency']:g}, overhead "
+                  f"{eff['step_overhead_s'] * 1e3:g} ms); limit = 100% of measured, no overhead[/dim]")
+
+    contexts = [p for p in result["decode"] if p["kind"] == "context"]
+    if contexts:
+        table = Table(title=f"Decode vs context ({threads} threads)", title_justify="left")
+        for name in ("context", "measured tok/s", "predicted", "limit", "measured ÷ limit", "MB/token"):
+            table.add_column(name, justify="right")
+        for point in contexts:
+            table.add_row(f"{point['context_start']:,}", _num(point["tok_s"]), _num(point["tok_s_predicted"]),
+                          _num(point["tok_s_limit"]), _pct(point["efficiency"]), f"{point['bytes_per_token'] / 1e6:,.1f}")
+        console.print(table)
+    base = [p for p in result["decode"] if p["kind"] == "base"]
+    if len(base) > 1:
+        table = Table(title=f"Threads (ctx {settings['prompt_tokens']})", title_justify="left")
+        for name in ("threads", "bandwidth GB/s", "decode tok/s", "limit", "measured ÷ limit", "prefill tok/s"):
+            table.add_column(name, justify="right")
+        prefill = {p["threads"]: p for p in result["prefill"]}
+        for point in base:
+            table.add_row(str(point["threads"]), _gb(point["bandwidth_Bps"]), _num(point["tok_s"]), _num(point["tok_s_limit"]),
+                          _pct(point["efficiency"]), _num(prefill[point["threads"]]["tok_s"]))
+        console.print(table)
+    load = machine.get("load_average_start")
+    if load and load[0] > 0.5 * machine["cores"]:
+        console.print(f"[yellow]note: load average was {load[0]:.1f} on {machine['cores']} cores when verify started; "
+                      "other work competes for the same cores and memory[/yellow]")
+
+
+def verify_command(
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF file to run (default: the bundled SmolLM2-135M-Instruct Q4_1)."),
+    quick: bool = typer.Option(False, "--quick", help="Short settings that finish in under a minute on 2 cores."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Engine threads (default: all cores)."),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length for prefill/TTFT (default 512; --quick 128)."),
+    decode_tokens: Optional[int] = typer.Option(None, "--decode-tokens", help="Tokens per decode run (default 64; --quick 32)."),
+    runs: Optional[int] = typer.Option(None, "--runs", help="Timed runs per measurement, median reported (default 5; --quick 3)."),
+    contexts: Optional[str] = typer.Option(None, "--contexts", help="Decode-vs-context sweep, comma-separated (default 128,512,1024,2048,4096; --quick 128,512,1024)."),
+    single_thread: bool = typer.Option(True, "--single-thread/--no-single-thread", help="Also measure with 1 thread."),
+    array_mib: Optional[int] = typer.Option(None, "--array-mib", help="Size of each bandwidth array in MiB (default 256)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the full result as JSON."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result JSON here (updated after every stage)."),
+) -> None:
+    """Measure this machine's speed limits, run a real model, and compare with the estimator."""
+    from speedlimit.verify.run import VerifySettings, run_verify, total_steps
+
+    if model is None:
+        from speedlimit.bundled import default_gguf_path
+
+        model = default_gguf_path()
+    overrides: dict[str, Any] = dict(model_path=model, threads=threads, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
+                                     runs=runs, contexts=parse_contexts(contexts), array_mib=array_mib)
+    try:
+        if quick:
+            settings = VerifySettings.quick_preset(**overrides, single_thread=single_thread)
+        else:
+            settings = VerifySettings(**{k: v for k, v in overrides.items() if v is not None}, single_thread=single_thread)
+    except ValidationError as error:
+        raise SpeedlimitError(f"bad verify setting: {_first_pydantic_message(error)}") from None
+    if out is not None and out.exists() and out.is_dir():
+        raise SpeedlimitError(f"--out {out} is a directory; give a file name like verify.json")
+
+    stderr = Console(stderr=True)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), console=stderr, transient=True, disable=not stderr.is_terminal)
+    with progress:
+        task = progress.add_task("verify", total=total_steps(settings))
+
+        def on_step(label: str) -> None:
+            progress.update(task, description=label)
+            progress.advance(task)
+
+        try:
+            result = run_verify(settings, out=out, on_step=on_step)
+        except MemoryError:
+            raise SpeedlimitError("ran out of memory: use a smaller --array-mib, --model or --contexts") from None
+    if json_output:
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+    else:
+        console = Console()
+        render_verify(console, result)
+        if out is not None:
+            console.print(f"results written to {out}")
+
+
+def calibrate_command(
+    results: list[Path] = typer.Argument(..., help="`speedlimit verify --out` files and/or bench summary.json files."),
+    name: str = typer.Option("local", "--name", help="Profile name; then use `--hardware NAME`."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="Base hardware whose peaks the fractions refer to "
+                                           "(default: the machine measured by verify, else the bench run's hardware)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
+) -> None:
+    """Fit achievable bandwidth/FLOPs fractions and per-step overhead, and save them as a hardware profile."""
+    from speedlimit.calibration import fit_calibration, load_calibration_inputs, profile_path, profile_record, save_profile
+    from speedlimit.catalog import default_efficiency, resolve_hardware
+
+    profile_path(name)  # validate the name before any work
+    points, measured, bench_hardware, notes = load_calibration_inputs(results)
+    if hardware is not None:
+        base = resolve_hardware(hardware)
+    elif measured is not None:
+        base = measured
+    elif bench_hardware:
+        base = resolve_hardware(bench_hardware)
+    else:
+        raise SpeedlimitError("cannot tell which hardware these results are from: pass --hardware NAME")
+    flops = base.peak_flops("bf16")
+    fit = fit_calibration(points, base.memory_bandwidth_Bps, flops, default_efficiency(base))
+    fit.notes[:0] = notes
+    path = save_profile(name, profile_record(name, base, fit, [str(p) for p in results]))
+    if json_output:
+        payload = {"profile": name, "path": str(path), "base_hardware": base.key, "bandwidth_Bps": base.memory_bandwidth_Bps,
+                   "flops": fit.flops, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
+                   "step_overhead_s": fit.step_overhead_s, "error_before": fit.error_before, "error_after": fit.error_after,
+                   "default_efficiency": fit.before.model_dump(), "points": len(fit.points), "notes": fit.notes}
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return
+    console = Console()
+    table = Table(title=f"Calibration of {base.name}: peak {_gb(base.memory_bandwidth_Bps)} GB/s, "
+                        f"{_num(flops / 1e9 if flops == flops else None)} GFLOP/s", title_justify="left")
+    for column in ("step", "source", "measured", "before", "after"):
+        table.add_column(column, justify="left" if column in ("step", "source") else "right")
+    for point in fit.points:
+        table.add_row(point.label, Path(point.source).name, _ms(point.measured_s), _ms(fit.predicted_s(point, fit.before)),
+                      _ms(fit.predicted_s(point)))
+    console.print(table)
+    fields = Table(show_header=True)
+    fields.add_column("")
+    fields.add_column("default", justify="right")
+    fields.add_column("fitted", justify="right")
+    fields.add_row("bw_efficiency", f"{fit.before.bw_efficiency:.3f}", f"{fit.bw_efficiency:.3f}")
+    fields.add_row("flops_efficiency", f"{fit.before.flops_efficiency:.3f}", f"{fit.flops_efficiency:.3f}")
+    fields.add_row("step_overhead_s", f"{fit.before.step_overhead_s * 1e3:.3f} ms", f"{fit.step_overhead_s * 1e3:.3f} ms")
+    for kind in ("decode", "prefill", "all"):
+        fields.add_row(f"mean |error| {kind}", _pct(fit.error_before[kind]), _pct(fit.error_after[kind]))
+    console.print(fields)
+    for note in fit.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"profile saved to {path}\nuse it: speedlimit estimate --hardware {name} --model ...")

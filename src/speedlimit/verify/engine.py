@@ -1,0 +1,176 @@
+"""The real engine for `speedlimit verify`: llama-cpp-python on a GGUF file, timed prefill and greedy decode.
+
+`LlamaRunner` drives the low-level API (``Llama.eval`` on token lists, greedy argmax over the last logits),
+so a decode run generates exactly the requested number of tokens: there is no stop condition, an EOS is just
+another token to feed back, and the per-token work is identical. `preflight` loads the model and generates a
+few tokens in a child process first, so a llama.cpp crash (e.g. a build with native CPU flags that segfaults
+at the first eval) becomes a one-line error instead of killing the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speedlimit.errors import SpeedlimitError
+
+ENGINE_INSTALL_HINT = 'install with: CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --no-cache-dir llama-cpp-python==0.3.36'
+# Fixed filler text for prompts/contexts: the content does not change the work per token.
+_FILLER = (
+    "The speed of a language model on a single machine is limited by how fast its weights can be read from "
+    "memory. Each generated token streams every parameter once, so tokens per second is bounded by memory "
+    "bandwidth divided by the bytes of the model. Prompt processing is different: many tokens share one read "
+    "of the weights, so it is bounded by arithmetic throughput instead. "
+)
+
+
+def import_llama_cpp() -> Any:
+    """The `llama_cpp` module, or a `SpeedlimitError` saying how to install it."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise SpeedlimitError(f"verify needs the llama-cpp-python engine, which is not installed; {ENGINE_INSTALL_HINT}") from None
+    return llama_cpp
+
+
+def engine_version() -> str:
+    return str(getattr(import_llama_cpp(), "__version__", "unknown"))
+
+
+def engine_system_info() -> str:
+    """llama.cpp's own summary of the CPU features it was built for and uses (e.g. ``AVX2 = 1``)."""
+    info = import_llama_cpp().llama_print_system_info()
+    return (info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)).strip()
+
+
+class LlamaRunner:
+    """One loaded model with a fixed thread count; contexts are built from filler text and timed."""
+
+    def __init__(self, model_path: Path, n_ctx: int, n_threads: int, n_batch: int = 512) -> None:
+        llama_cpp = import_llama_cpp()
+        self._llama_cpp = llama_cpp
+        self.model_path = Path(model_path)
+        self.n_threads = n_threads
+        self.n_batch = n_batch
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                n_batch=n_batch, verbose=False,
+            )
+        except (ValueError, RuntimeError, OSError) as error:
+            raise SpeedlimitError(f"llama-cpp-python could not load {model_path} ({error}); pass a valid --model PATH.gguf") from None
+        self.n_ctx = int(self.llm.n_ctx())
+        self.n_vocab = int(self.llm.n_vocab())
+        self._filler: list[int] = []
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.llm.n_tokens)
+
+    def filler_tokens(self, count: int) -> list[int]:
+        """``count`` tokens of fixed English text (BOS first)."""
+        while len(self._filler) < count:
+            repeats = max(1, math.ceil(count / 60))
+            self._filler = self.llm.tokenize((_FILLER * repeats).encode("utf-8"), add_bos=True)
+        return self._filler[:count]
+
+    def reset(self) -> None:
+        self.llm.reset()  # n_tokens = 0; the next eval drops the KV cache from position 0
+
+    def _eval(self, tokens: list[int]) -> None:
+        if self.n_tokens + len(tokens) > self.n_ctx:
+            raise SpeedlimitError(f"context would exceed n_ctx={self.n_ctx}; use shorter --contexts or --decode-tokens")
+        self.llm.eval(tokens)
+
+    def prefill(self, prompt_tokens: int) -> float:
+        """Seconds to process a fresh prompt of ``prompt_tokens`` tokens (the last token's logits included)."""
+        self.reset()
+        tokens = self.filler_tokens(prompt_tokens)
+        start = time.perf_counter()
+        self._eval(tokens)
+        return time.perf_counter() - start
+
+    def extend_to(self, context: int) -> float:
+        """Append filler tokens until the context holds ``context`` tokens; seconds taken."""
+        if context <= self.n_tokens:
+            return 0.0
+        tokens = self.filler_tokens(context)[self.n_tokens:context]
+        start = time.perf_counter()
+        self._eval(tokens)
+        return time.perf_counter() - start
+
+    def greedy_token(self) -> int:
+        pointer = self._llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return int(np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).argmax())
+
+    def decode(self, count: int) -> tuple[float, list[int]]:
+        """Greedy-generate exactly ``count`` tokens after the current context; (seconds, tokens)."""
+        if self.n_tokens == 0:
+            raise SpeedlimitError("decode needs a context: prefill first")
+        if self.n_tokens + count > self.n_ctx:
+            raise SpeedlimitError(f"context would exceed n_ctx={self.n_ctx}; use shorter --contexts or --decode-tokens")
+        generated = []
+        start = time.perf_counter()
+        for _ in range(count):
+            token = self.greedy_token()
+            self.llm.eval([token])
+            generated.append(token)
+        return time.perf_counter() - start, generated
+
+    def close(self) -> None:
+        close = getattr(self.llm, "close", None)
+        if close:
+            close()
+
+
+# --- crash-safe preflight -------------------------------------------------------------------------
+
+_PREFLIGHT_SCRIPT = """
+import json, sys
+from speedlimit.errors import SpeedlimitError
+from speedlimit.verify.engine import LlamaRunner
+try:
+    runner = LlamaRunner(sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=int(sys.argv[3]))
+    prefill_s = runner.prefill(16)
+    decode_s, tokens = runner.decode(int(sys.argv[4]))
+    text = runner.llm.detokenize(tokens).decode("utf-8", "replace")
+    print(json.dumps({"tokens": len(tokens), "prefill_s": prefill_s, "decode_s": decode_s, "text": text}))
+except SpeedlimitError as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def preflight(model_path: Path, n_threads: int, tokens: int = 16, n_ctx: int = 256, timeout_s: float = 180.0) -> dict[str, Any]:
+    """Load the model and greedy-generate ``tokens`` tokens in a child process; its report, or a one-line error."""
+    import_llama_cpp()
+    command = [sys.executable, "-c", _PREFLIGHT_SCRIPT, str(model_path), str(n_ctx), str(n_threads), str(tokens)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SpeedlimitError(f"llama-cpp-python took over {timeout_s:.0f} s to generate {tokens} tokens from {model_path}; "
+                              "is the machine overloaded?") from None
+    if done.returncode < 0:
+        try:
+            name = signal.Signals(-done.returncode).name
+        except ValueError:
+            name = f"signal {-done.returncode}"
+        raise SpeedlimitError(f"llama-cpp-python crashed ({name}) generating from {model_path}: rebuild it without native "
+                              f"CPU flags; {ENGINE_INSTALL_HINT}")
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        last = lines[-1] if lines else f"exit code {done.returncode}"
+        raise SpeedlimitError(last.removeprefix("error: ") if last.startswith("error: ") else
+                              f"llama-cpp-python failed on {model_path}: {last}")
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise SpeedlimitError(f"llama-cpp-python preflight printed no result for {model_path}: {done.stderr.strip()[-200:]}") from None

@@ -1,0 +1,321 @@
+"""Orchestration of `speedlimit verify`: measure the machine, time the real engine, predict, compare.
+
+`run_verify` returns (and, with ``out``, keeps writing after every stage) one JSON-ready dict: the machine's
+measured bandwidth and FLOP/s, the engine/model details, every timed prefill and decode point, and for each
+point the estimator's prediction on the *measured* hardware twice: with the default efficiencies for a CPU
+(what ``speedlimit estimate`` would say) and at the roofline limit (100 % of measured bandwidth/FLOPs, no
+per-step overhead). ``efficiency`` = measured ÷ roofline limit. Headline keys sit at the top level
+(``measured_bandwidth_Bps``, ``decode_tok_s_measured``, ...); `speedlimit calibrate` reads the points.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+from speedlimit.architecture import Architecture
+from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator import core
+from speedlimit.estimator.api import Estimate, cost_model, estimate
+from speedlimit.hardware import Hardware
+from speedlimit.precision import parse_precision
+from speedlimit.verify import membench
+
+SCHEMA = "speedlimit.verify/1"
+MIB = 1024 * 1024
+KV_TYPE = "f16"  # llama.cpp's default KV-cache type, which verify does not change
+
+
+class VerifySettings(BaseModel):
+    """What to measure; `quick()` is the under-a-minute preset."""
+
+    model_path: Path
+    threads: int = Field(default_factory=membench.cpu_count, ge=1, le=1024)
+    prompt_tokens: int = Field(512, ge=1, le=131072)
+    decode_tokens: int = Field(64, ge=2, le=8192)
+    runs: int = Field(5, ge=1, le=100)
+    contexts: list[int] = Field(default_factory=lambda: [128, 512, 1024, 2048, 4096])
+    single_thread: bool = True
+    array_mib: int = Field(256, ge=8, le=65536)
+    bandwidth_repeats: int = Field(5, ge=1, le=100)
+    matmul_n: int = Field(2048, ge=64, le=16384)
+    quick: bool = False
+
+    @field_validator("contexts")
+    @classmethod
+    def _contexts(cls, value: list[int]) -> list[int]:
+        if any(c < 1 for c in value):
+            raise ValueError("context lengths must be positive token counts")
+        return sorted(set(value))
+
+    @classmethod
+    def quick_preset(cls, **overrides: Any) -> VerifySettings:
+        values: dict[str, Any] = dict(prompt_tokens=128, decode_tokens=32, runs=3, contexts=[128, 512, 1024],
+                                      bandwidth_repeats=3, quick=True)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+# --- predictions ------------------------------------------------------------------------------------
+
+
+def measured_hardware(bandwidth_Bps: float, flops: float, memory_bytes: float | None, label: str) -> Hardware:
+    """This machine as the estimator sees it: measured bandwidth and fp32 FLOP/s, kind ``cpu``."""
+    try:
+        return Hardware(key="this-machine", name=f"this machine ({label})", vendor="measured", kind="cpu",
+                        memory_bandwidth_Bps=bandwidth_Bps, memory_bytes=memory_bytes, flops={"fp32": flops},
+                        source="speedlimit verify")
+    except ValueError as error:
+        raise SpeedlimitError(f"measured figures are unusable ({error})") from None
+
+
+def predict(arch: Architecture, hardware: Hardware, prompt: int, output: int) -> tuple[Estimate, Estimate]:
+    """(default-efficiency estimate, roofline-limit estimate at 100 % efficiency and no overhead)."""
+    default = estimate(arch, hardware, prompt=prompt, output=output, kv="fp16")
+    limit = estimate(arch, hardware, prompt=prompt, output=output, kv="fp16",
+                     bw_efficiency=1.0, flops_efficiency=1.0, step_overhead_s=0.0)
+    return default, limit
+
+
+def step_work(arch: Architecture, kind: str, prompt: int, output: int = 1) -> tuple[float, float]:
+    """(bytes, FLOPs) of a step as the estimator counts them: a prefill of ``prompt`` tokens, or the mean decode
+    step while the context grows from ``prompt`` to ``prompt + output`` (bytes and FLOPs are linear in context)."""
+    cost, _ = cost_model(arch, None, parse_precision("fp16"))
+    if kind == "prefill":  # read the two terms back through the core with unit rates
+        unit_bw = core.Machine(bandwidth_Bps=1.0, flops=float("nan"), step_overhead_s=0.0,
+                               memory_bytes=float("nan"), link_Bps=float("nan"))
+        unit_flops = core.Machine(bandwidth_Bps=float("inf"), flops=1.0, step_overhead_s=0.0,
+                                  memory_bytes=float("nan"), link_Bps=float("nan"))
+        return float(core.prefill_seconds(cost, unit_bw, 1, prompt)), float(core.prefill_seconds(cost, unit_flops, 1, prompt))
+    mid = prompt + output / 2
+    return float(core.decode_bytes(cost, 1, mid)), float(core.decode_flops(cost, 1, mid))
+
+
+# --- checks -----------------------------------------------------------------------------------------
+
+
+def load_model_info(path: Path) -> tuple[Architecture, dict[str, Any]]:
+    """Architecture and file details of a GGUF, with clear errors for a missing or unreadable file."""
+    from speedlimit.gguf_model import architecture_from_gguf
+
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise SpeedlimitError(f"no such model file: {path}; pass --model PATH.gguf (or omit it for the bundled SmolLM2-135M)")
+    if not os.access(path, os.R_OK) or not path.is_file():
+        raise SpeedlimitError(f"cannot read model file {path}; pass a readable --model PATH.gguf")
+    arch = architecture_from_gguf(path)
+    info = {
+        "path": str(path.resolve()),
+        "name": arch.name,
+        "file_type": arch.weight_bytes.file_type if arch.weight_bytes else "",
+        "file_bytes": path.stat().st_size,
+        "weights_bytes": cost_model(arch, None, parse_precision("fp16"))[0].total_weight_bytes,
+        "total_params": arch.total_params,
+        "context_length": arch.max_context,
+        "kv_bytes_per_token": arch.kv_elements_per_token_global * 2 + arch.kv_elements_per_token_local * 2,
+    }
+    return arch, info
+
+
+def check_fits(model: dict[str, Any], n_ctx: int, memory_bytes: float | None) -> float:
+    """Bytes the engine needs (file + KV cache at n_ctx); error when that exceeds this machine's RAM."""
+    need = model["file_bytes"] + model["kv_bytes_per_token"] * n_ctx + 64 * MIB
+    if memory_bytes is not None and need > memory_bytes:
+        raise SpeedlimitError(
+            f"{Path(model['path']).name} needs {need / 2**30:.1f} GiB (weights + KV cache at {n_ctx} tokens) but this "
+            f"machine has {memory_bytes / 2**30:.1f} GiB of RAM; pass a smaller --model or shorter --contexts"
+        )
+    return need
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomic write (temp file + rename), so a crash mid-run leaves the last complete snapshot."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def total_steps(settings: VerifySettings) -> int:
+    thread_configs = 2 if settings.single_thread and settings.threads > 1 else 1
+    bandwidth = 4 * thread_configs  # 3 kernels and a matmul per thread count
+    engine = 1 + thread_configs * (1 + settings.runs) + len(settings.contexts)  # preflight, warm-up + runs, contexts
+    return bandwidth + engine + 1  # + predictions
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def run_verify(settings: VerifySettings, out: Path | None = None,
+               on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure, run, predict; the full result dict (also written to ``out`` after every stage)."""
+    from speedlimit.verify import engine
+
+    step = on_step or (lambda _label: None)
+    engine.import_llama_cpp()  # fail before spending a minute on bandwidth
+    arch, model = load_model_info(settings.model_path)
+    max_context = max(settings.contexts) if settings.contexts else 0
+    n_ctx = max(settings.prompt_tokens + 2 * settings.decode_tokens, max_context + settings.runs * settings.decode_tokens) + 16
+    if model["context_length"] and n_ctx > model["context_length"]:
+        raise SpeedlimitError(
+            f"{Path(model['path']).name} supports {model['context_length']} tokens of context but this run needs {n_ctx}; "
+            "use smaller --contexts/--prompt-tokens/--decode-tokens"
+        )
+    memory_bytes = membench.machine_memory_bytes()
+    check_fits(model, n_ctx, memory_bytes)
+
+    cores = membench.cpu_count()
+    thread_counts = [settings.threads] + ([1] if settings.single_thread and settings.threads > 1 else [])
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "complete": False,
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "settings": settings.model_dump(mode="json"),
+        "machine": {"cpu": membench.cpu_model_name(), "cores": cores, "memory_bytes": memory_bytes,
+                    "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "model": model,
+    }
+
+    def save() -> None:
+        if out is not None:
+            write_json(out, result)
+
+    save()
+    # 1. the machine ---------------------------------------------------------------------------------
+    kernels = []
+    for threads in thread_counts:
+        kernels += membench.measure_bandwidth(settings.array_mib * MIB, threads=threads,
+                                              repeats=settings.bandwidth_repeats, on_step=step)
+    best_all = max((k for k in kernels if k.threads == settings.threads), key=lambda k: k.best_Bps)
+    best_one = max((k for k in kernels if k.threads == 1), key=lambda k: k.best_Bps, default=None)
+    result["bandwidth"] = {
+        "kernels": [k.to_dict() for k in kernels],
+        "counting": "STREAM convention: copy 2 arrays, triad 3, read 1; write-allocate traffic not counted",
+        "array_bytes": settings.array_mib * MIB,
+        "basis": f"best kernel ({best_all.kernel}) at {settings.threads} threads",
+        "single_thread_Bps": best_one.best_Bps if best_one else None,
+    }
+    result["measured_bandwidth_Bps"] = best_all.best_Bps
+    save()
+    matmul = membench.measure_matmul_flops(settings.matmul_n, repeats=3, on_step=step)
+    result["matmul"] = matmul.to_dict() | {"threads": "numpy BLAS default (all cores)"}
+    result["measured_flops"] = matmul.best_flops
+    hardware = {
+        settings.threads: measured_hardware(best_all.best_Bps, matmul.best_flops, memory_bytes, f"{settings.threads} threads"),
+    }
+    if best_one is not None:
+        single = membench.measure_matmul_flops(settings.matmul_n, repeats=3, threads=1, on_step=step)
+        # Where BLAS threads cannot be pinned, 1 thread's FLOP/s is taken as the all-core figure ÷ cores.
+        single_flops = single.best_flops if single else matmul.best_flops / max(cores, 1)
+        result["matmul_single_thread"] = (single.to_dict() | {"threads": 1}) if single else {
+            "best_flops": single_flops, "threads": 1, "basis": "all-core BLAS figure ÷ cores (BLAS threads not settable)"}
+        hardware[1] = measured_hardware(best_one.best_Bps, single_flops, memory_bytes, "1 thread")
+    save()
+
+    # 2. the engine ----------------------------------------------------------------------------------
+    step("engine: preflight (child process)")
+    check = engine.preflight(Path(model["path"]), settings.threads)
+    result["engine"] = {
+        "name": "llama-cpp-python", "version": engine.engine_version(), "system_info": engine.engine_system_info(),
+        "threads": settings.threads, "thread_counts": thread_counts, "n_ctx": n_ctx, "n_batch": 512, "kv_type": KV_TYPE,
+        "sampling": "greedy argmax over the last logits; exactly decode_tokens tokens per run (EOS is not a stop)",
+        "preflight": {k: check[k] for k in ("tokens", "prefill_s", "decode_s")},
+    }
+    result["prefill"], result["decode"] = [], []
+    save()
+
+    def add_points(threads: int, prefill_s: list[float], decode_s: list[float]) -> None:
+        hw = hardware[threads]
+        prompt, count = settings.prompt_tokens, settings.decode_tokens
+        default, limit = predict(arch, hw, prompt, count)
+        ttft = _median(prefill_s)
+        p_bytes, p_flops = step_work(arch, "prefill", prompt)
+        result["prefill"].append({
+            "threads": threads, "prompt_tokens": prompt, "runs_s": prefill_s, "median_s": ttft,
+            "tok_s": prompt / ttft, "ttft_s_predicted": default.ttft_s, "ttft_s_limit": limit.ttft_s,
+            "efficiency": (limit.ttft_s / ttft) if limit.ttft_s else None,
+            "step_bytes": p_bytes, "step_flops": p_flops,
+            "bandwidth_Bps": hw.memory_bandwidth_Bps, "flops": hw.peak_flops("fp32"),
+        })
+        result["decode"].append(decode_point("base", threads, prompt, count, [count / s for s in decode_s], default, limit, hw))
+
+    def decode_point(kind: str, threads: int, context: int, tokens: int, rates: list[float],
+                     default: Estimate, limit: Estimate, hw: Hardware) -> dict[str, Any]:
+        measured = _median(rates)
+        d_bytes, d_flops = step_work(arch, "decode", context, tokens)
+        return {
+            "kind": kind, "threads": threads, "context_start": context, "tokens": tokens, "runs_tok_s": rates,
+            "tok_s": measured, "tok_s_predicted": default.decode_tok_s, "tok_s_limit": limit.decode_tok_s,
+            "efficiency": measured / limit.decode_tok_s, "bytes_per_token": d_bytes, "flops_per_token": d_flops,
+            "regime": limit.regime, "bandwidth_Bps": hw.memory_bandwidth_Bps, "flops": hw.peak_flops("fp32"),
+        }
+
+    for threads in thread_counts:
+        n_ctx_here = n_ctx if threads == settings.threads else settings.prompt_tokens + 2 * settings.decode_tokens + 16
+        runner = engine.LlamaRunner(Path(model["path"]), n_ctx=n_ctx_here, n_threads=threads)
+        try:
+            step(f"engine: warm-up, {threads} thread{'s' if threads > 1 else ''}")
+            runner.prefill(min(32, settings.prompt_tokens))
+            runner.decode(min(8, settings.decode_tokens))
+            prefill_s, decode_s = [], []
+            for index in range(settings.runs):
+                step(f"engine: prefill {settings.prompt_tokens} + decode {settings.decode_tokens}, "
+                     f"{threads} thread{'s' if threads > 1 else ''} (run {index + 1}/{settings.runs})")
+                prefill_s.append(runner.prefill(settings.prompt_tokens))
+                decode_s.append(runner.decode(settings.decode_tokens)[0])
+            add_points(threads, prefill_s, decode_s)
+            save()
+            if threads == settings.threads and settings.contexts:
+                runner.reset()
+                for context in settings.contexts:
+                    step(f"engine: decode at context {context}")
+                    runner.extend_to(context)
+                    start = runner.n_tokens
+                    rates = [settings.decode_tokens / runner.decode(settings.decode_tokens)[0] for _ in range(settings.runs)]
+                    span = settings.runs * settings.decode_tokens
+                    default, limit = predict(arch, hardware[threads], start, span)
+                    point = decode_point("context", threads, start, span, rates, default, limit, hardware[threads])
+                    result["decode"].append(point)
+                    save()
+        finally:
+            runner.close()
+
+    # 3. the headline ---------------------------------------------------------------------------------
+    step("predictions")
+    base = next(p for p in result["decode"] if p["kind"] == "base" and p["threads"] == settings.threads)
+    prefill = next(p for p in result["prefill"] if p["threads"] == settings.threads)
+    default, limit = predict(arch, hardware[settings.threads], settings.prompt_tokens, settings.decode_tokens)
+    result.update({
+        "threads": settings.threads,
+        "decode_tok_s_measured": base["tok_s"],
+        "decode_tok_s_predicted": base["tok_s_predicted"],
+        "decode_tok_s_limit": base["tok_s_limit"],
+        "efficiency": base["efficiency"],
+        "prefill_tok_s_measured": prefill["tok_s"],
+        "ttft_s_measured": prefill["median_s"],
+        "ttft_s_predicted": prefill["ttft_s_predicted"],
+        "ttft_s_limit": prefill["ttft_s_limit"],
+        "prefill_efficiency": prefill["efficiency"],
+        "bytes_per_token": default.bytes_per_token,
+        "flops_per_token": default.flops_per_token,
+        "regime": limit.regime,
+        "default_efficiency": {"bw_efficiency": default.bw_efficiency, "flops_efficiency": default.flops_efficiency,
+                               "step_overhead_s": default.step_overhead_s, "basis": default.efficiency_basis},
+    })
+    result["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    result["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    result["complete"] = True
+    save()
+    return result

@@ -1,0 +1,213 @@
+"""The web calculator's FastAPI app: the JSON API over `estimate()` and the one static page.
+
+Endpoints (OpenAPI docs at ``/docs``):
+
+- ``POST /api/estimate``: body with the CLI's names -> exactly ``estimate(...).to_dict()`` (what
+  ``speedlimit estimate --json`` prints).
+- ``POST /api/curve``: same body (plus optional ``batches``) -> the estimate, the batch curve with
+  its knee and the roofline (`speedlimit.report.curves`); the page makes one such call per change.
+- ``GET /api/models``, ``GET /api/hardware``: the catalogs.
+- ``GET /`` the page, ``/static/*`` its assets, ``/vendor/plotly.min.js`` the chart library served
+  from the installed ``plotly`` wheel (nothing comes from a CDN).
+
+Bad input (unknown names, out-of-range numbers, a broken pasted config, malformed JSON) -> 422 with
+``{"detail": "one readable line"}``; the API does not read files named in the request.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from speedlimit.architecture import Architecture, architecture_from_hf_config
+from speedlimit.catalog import hardware_entries, model_entries, resolve_hardware, resolve_model
+from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator.api import estimate
+from speedlimit.report.curves import batch_curve, roofline
+
+STATIC_DIR = Path(str(resources.files("speedlimit.web").joinpath("static")))
+MAX_CURVE_POINTS = 200
+MAX_MODEL_NAME_CHARS = 300
+
+
+class EstimateRequest(BaseModel):
+    """One configuration, named as on the `speedlimit estimate` command line."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str | None = Field(None, description="Catalog name or alias, or a size like 7B. Optional when `config` is given (then it names it).")
+    hardware: str = Field(..., description="Catalog hardware name or calibrated profile name.")
+    weights: str | float | None = Field(None, description="Weight format: bits (16, 8, 4) or bf16/fp8/int8/int4/nf4/q4_0/q8_0/q4_k_m…")
+    kv: str | float = Field("fp16", description="KV-cache format: fp16, bf16, fp8, int8, int4, q8_0…")
+    batch: int = Field(1, description="Concurrent sequences.")
+    prompt: int = Field(512, description="Prompt tokens per sequence.")
+    output: int = Field(256, description="Generated tokens per sequence.")
+    tp: int = Field(1, description="Tensor-parallel devices.")
+    ideal: bool = Field(False, description="The seed formula: peak bandwidth ÷ weight bytes, nothing else.")
+    bw_efficiency: float | None = Field(None, description="Achievable fraction of peak bandwidth (0-1].")
+    flops_efficiency: float | None = Field(None, description="Achievable fraction of peak FLOP/s (0-1].")
+    usd_per_hour: float | None = Field(None, description="Price per device-hour, for cost per million tokens.")
+    config: dict[str, Any] | None = Field(None, description="A pasted Hugging Face config.json (object) instead of a catalog model.")
+
+    def estimate_kwargs(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"model", "hardware", "config"})
+
+
+class CurveRequest(EstimateRequest):
+    batches: list[int] | None = Field(None, description=f"Batch sizes for the curve (at most {MAX_CURVE_POINTS}); default ~√2 steps past the memory limit.")
+
+
+def _normalize(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def _catalog_model_names() -> set[str]:
+    names = set()
+    for key, entry in model_entries().items():
+        names.add(_normalize(key))
+        names.update(_normalize(alias) for alias in entry.get("aliases", []))
+    return names
+
+
+def web_model(request: EstimateRequest) -> Architecture | str:
+    """The model to estimate: a pasted config, else a catalog name or a size (never a server-side file)."""
+    if request.config is not None:
+        name = (request.model or "").strip() or "pasted config.json"
+        try:
+            return architecture_from_hf_config(request.config, name=name, source="pasted config.json")
+        except SpeedlimitError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, ArithmeticError) as error:
+            raise SpeedlimitError(f"the pasted config.json could not be read ({type(error).__name__}: {error}); paste a Hugging Face decoder-only config.json") from None
+    text = (request.model or "").strip()
+    if not text:
+        raise SpeedlimitError("pick a catalog model, give a size like 7B, or paste a config.json")
+    if len(text) > MAX_MODEL_NAME_CHARS:
+        raise SpeedlimitError(f"model name is {len(text):,} characters long; pick a catalog model or paste the config.json")
+    if _normalize(text) not in _catalog_model_names():
+        path = Path(text).expanduser()
+        try:
+            exists = path.exists()
+        except (OSError, ValueError):  # e.g. a name too long for the file system
+            exists = False
+        if path.suffix.lower() in (".json", ".gguf") or text.startswith(("/", "~", ".", "\\")) or exists:
+            raise SpeedlimitError("the web calculator does not read files: pick a catalog model, give a size like 7B, or paste the config.json")
+    return text
+
+
+def _readable_validation_error(error: RequestValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        location = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"
+        message = item.get("msg", "invalid")
+        if item.get("type") == "json_invalid":
+            location, message = "body", f"not valid JSON ({item.get('ctx', {}).get('error', 'parse error')})"
+        elif item.get("type") == "extra_forbidden":
+            message = "unknown field (use the CLI names: model, hardware, weights, kv, batch, prompt, output, tp, ideal, config)"
+        parts.append(f"{location}: {message}")
+    return "; ".join(parts) or "invalid request"
+
+
+def _finite_json(value: Any) -> Any:
+    """Replace NaN/inf (not valid JSON) by None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+def plotly_js_path() -> Path | None:
+    """plotly.min.js inside the installed `plotly` wheel, or None when plotly is not installed."""
+    try:
+        import plotly
+    except ImportError:
+        return None
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    return path if path.is_file() else None
+
+
+def create_app() -> FastAPI:
+    """The calculator app (used by `speedlimit serve` and by the tests)."""
+    app = FastAPI(
+        title="speedlimit",
+        summary="How fast will this LLM run on this hardware? The estimator as a JSON API.",
+        version="0.1.0",
+    )
+
+    @app.exception_handler(SpeedlimitError)
+    async def _speedlimit_error(_: Request, error: SpeedlimitError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": str(error)})
+
+    @app.exception_handler(ValidationError)
+    async def _inner_validation_error(_: Request, error: ValidationError) -> JSONResponse:
+        # a value derived from the request failed a model's bounds deep inside the estimator
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse(status_code=422, content={"detail": f"input leads to an invalid {error.title} ({where}: {first.get('msg', 'invalid')}); check the sizes you gave"})
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": _readable_validation_error(error)})
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def index() -> HTMLResponse:
+        return HTMLResponse((STATIC_DIR / "index.html").read_text(encoding="utf-8"))
+
+    @app.get("/vendor/plotly.min.js", include_in_schema=False)
+    def plotly_js() -> Response:
+        path = plotly_js_path()
+        if path is None:
+            return Response("/* plotly is not installed: pip install plotly */", status_code=404, media_type="text/javascript")
+        return FileResponse(path, media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"})
+
+    @app.get("/api/models", summary="Catalog models")
+    def models() -> list[dict[str, Any]]:
+        return [
+            {"name": key, "label": entry.get("name", key), "published_params": entry.get("published_params"), "aliases": entry.get("aliases", []), "source": entry.get("source", "")}
+            for key, entry in model_entries().items()
+        ]
+
+    @app.get("/api/hardware", summary="Catalog hardware")
+    def hardware() -> list[dict[str, Any]]:
+        return [
+            {
+                "name": key,
+                "label": entry.get("name", key),
+                "kind": entry.get("kind", ""),
+                "memory_bytes": entry.get("memory_bytes"),
+                "memory_bandwidth_Bps": entry.get("memory_bandwidth_Bps"),
+                "source": entry.get("source", ""),
+            }
+            for key, entry in hardware_entries().items()
+        ]
+
+    @app.post("/api/estimate", summary="Estimate one configuration (what `speedlimit estimate --json` prints)")
+    def estimate_endpoint(request: EstimateRequest) -> dict[str, Any]:
+        return _finite_json(estimate(web_model(request), resolve_hardware(request.hardware), **request.estimate_kwargs()).to_dict())
+
+    @app.post("/api/curve", summary="The estimate, its batch curve with the knee, and its roofline")
+    def curve_endpoint(request: CurveRequest) -> dict[str, Any]:
+        if request.batches is not None and not 1 <= len(request.batches) <= MAX_CURVE_POINTS:
+            raise SpeedlimitError(f"batches must list 1 to {MAX_CURVE_POINTS} batch sizes")
+        model = web_model(request)
+        if isinstance(model, str):
+            model = resolve_model(model)
+        kwargs = request.estimate_kwargs()
+        kwargs.pop("batches")
+        result = batch_curve(model, resolve_hardware(request.hardware), batches=request.batches, **kwargs)
+        result["roofline"] = roofline(result["estimate"])
+        return _finite_json(result)
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app

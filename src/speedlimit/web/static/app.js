@@ -1,0 +1,314 @@
+// speedlimit web calculator: reads the controls, asks POST /api/curve (one call per change, debounced),
+// renders the cards, the memory bar and two Plotly charts, and mirrors the state in the URL query string.
+"use strict";
+
+const BITS = [2, 3, 4, 5, 6, 8, 16];
+const DEFAULTS = { model: "llama-3.1-8b", hardware: "h100-sxm", weights: "16", kv: "fp16", batch: 1, prompt: 512, output: 1000, tp: 1, ideal: false };
+const DEBOUNCE_MS = 16;
+const $ = (id) => document.getElementById(id);
+
+// Test/inspection hook: how many results were drawn and whether a request is in flight.
+// renders: results drawn (cards); cardSeq/chartSeq: the request each was drawn from (charts follow on the next frame).
+window.speedlimit = { renders: 0, pending: false, last: null, cardSeq: 0, chartSeq: 0, lastMs: null, lastFetchMs: null, lastChartMs: null };
+
+let seq = 0;
+let timer = null;
+let controller = null;
+
+// ---------------------------------------------------------------- formatting
+function fmtNum(x) {
+  if (x === null || x === undefined || !isFinite(x)) return "–";
+  const a = Math.abs(x);
+  if (a >= 1000) return Math.round(x).toLocaleString("en-US");
+  if (a >= 100) return x.toFixed(0);
+  if (a >= 10) return x.toFixed(1);
+  return x.toPrecision(3);
+}
+function fmtBytes(b) {
+  if (b === null || b === undefined || !isFinite(b)) return "–";
+  const units = [["TB", 1e12], ["GB", 1e9], ["MB", 1e6], ["kB", 1e3]];
+  for (const [u, v] of units) if (Math.abs(b) >= v) return fmtNum(b / v) + " " + u;
+  return fmtNum(b) + " B";
+}
+function fmtSeconds(s) {
+  if (s === null || s === undefined || !isFinite(s)) return "–";
+  if (s < 1e-3) return fmtNum(s * 1e6) + " µs";
+  if (s < 1) return fmtNum(s * 1e3) + " ms";
+  if (s < 120) return fmtNum(s) + " s";
+  return fmtNum(s / 60) + " min";
+}
+function fmtCount(x) {
+  if (x === null || x === undefined || !isFinite(x)) return "–";
+  if (x >= 1e12) return fmtNum(x / 1e12) + "T";
+  if (x >= 1e9) return fmtNum(x / 1e9) + "G";
+  if (x >= 1e6) return fmtNum(x / 1e6) + "M";
+  return fmtNum(x);
+}
+
+// ---------------------------------------------------------------- state <-> controls <-> URL
+function batchFromRange() { return Math.max(1, Math.round(Math.pow(2, parseFloat($("batch-range").value)))); }
+
+function weightsValue() {
+  const format = $("weights-format").value;
+  return format || String(BITS[parseInt($("weights-bits").value, 10)]);
+}
+
+function readState() {
+  return {
+    model: $("model").value,
+    hardware: $("hardware").value,
+    weights: weightsValue(),
+    kv: $("kv").value,
+    batch: parseInt($("batch").value, 10),
+    prompt: parseInt($("prompt").value, 10),
+    output: parseInt($("output").value, 10),
+    tp: parseInt($("tp").value, 10),
+    ideal: $("ideal").checked,
+  };
+}
+
+function writeState(state) {
+  if (state.model) $("model").value = state.model;
+  if (state.hardware) $("hardware").value = state.hardware;
+  const bitsIndex = BITS.indexOf(Number(state.weights));
+  if (bitsIndex >= 0) { $("weights-bits").value = bitsIndex; $("weights-format").value = ""; }
+  else { $("weights-format").value = state.weights; if (!$("weights-format").value) $("weights-format").value = ""; }
+  $("kv").value = state.kv;
+  $("batch").value = state.batch;
+  $("batch-range").value = Math.log2(Math.max(1, state.batch));
+  $("prompt").value = state.prompt;
+  $("output").value = state.output;
+  $("tp").value = state.tp;
+  $("ideal").checked = !!state.ideal;
+  syncLabels();
+}
+
+function stateFromUrl() {
+  const q = new URLSearchParams(window.location.search);
+  const state = { ...DEFAULTS };
+  for (const key of ["model", "hardware", "weights", "kv"]) if (q.has(key)) state[key] = q.get(key);
+  for (const key of ["batch", "prompt", "output", "tp"]) if (q.has(key) && isFinite(parseInt(q.get(key), 10))) state[key] = parseInt(q.get(key), 10);
+  if (q.has("ideal")) state.ideal = ["1", "true", "yes", "on"].includes(q.get("ideal").toLowerCase());
+  return state;
+}
+
+function stateToUrl(state) {
+  const q = new URLSearchParams();
+  for (const [key, value] of Object.entries(state)) {
+    if (key === "ideal") { if (value) q.set("ideal", "1"); }
+    else q.set(key, String(value));
+  }
+  const usingConfig = $("config").value.trim() !== "";
+  if (usingConfig) q.set("config", "pasted");  // the config itself stays on this page
+  window.history.replaceState(null, "", "?" + q.toString());
+}
+
+function syncLabels() {
+  const format = $("weights-format").value;
+  $("weights-label").textContent = format ? format : BITS[parseInt($("weights-bits").value, 10)] + " bits";
+  $("batch-label").textContent = $("batch").value;
+}
+
+// ---------------------------------------------------------------- requests
+function requestBody(state) {
+  const body = { ...state };
+  const text = $("config").value.trim();
+  if (text) {
+    let config;
+    try { config = JSON.parse(text); } catch (e) { throw new Error("the pasted config.json is not valid JSON: " + e.message); }
+    body.config = config;
+    body.model = "pasted config.json";
+  }
+  return body;
+}
+
+function scheduleUpdate() {
+  syncLabels();
+  window.speedlimit.pending = true;
+  clearTimeout(timer);
+  timer = setTimeout(update, DEBOUNCE_MS);
+}
+
+async function update() {
+  const mySeq = ++seq;
+  const state = readState();
+  stateToUrl(state);
+  let body;
+  try { body = requestBody(state); } catch (e) { showError(e.message); window.speedlimit.pending = false; return; }
+  if (controller) controller.abort();
+  controller = new AbortController();
+  const started = performance.now();
+  try {
+    const response = await fetch("/api/curve", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal: controller.signal,
+    });
+    const data = await response.json();
+    if (mySeq !== seq) return;
+    if (!response.ok) { showError(data.detail || ("HTTP " + response.status)); return; }
+    const fetched = performance.now();
+    showError(null);
+    render(data, mySeq);
+    Object.assign(window.speedlimit, { lastMs: performance.now() - started, lastFetchMs: fetched - started });
+    scheduleCharts(data, mySeq, started);
+  } catch (e) {
+    if (e.name === "AbortError") return;
+    if (mySeq === seq) showError("request failed: " + e.message);
+  } finally {
+    if (mySeq === seq) window.speedlimit.pending = false;
+  }
+}
+
+function showError(message) {
+  const box = $("error");
+  box.hidden = !message;
+  box.textContent = message || "";
+  $("results").querySelector(".cards").classList.toggle("stale", !!message);
+}
+
+// ---------------------------------------------------------------- rendering
+function render(data, mySeq) {
+  const e = data.estimate;
+  const tok = $("decode-tok-s");
+  tok.textContent = fmtNum(e.decode_tok_s);
+  tok.dataset.value = String(e.decode_tok_s);
+  $("itl").textContent = fmtSeconds(e.itl_s);
+  $("reply-tokens").textContent = e.output.toLocaleString("en-US");
+  $("reply-s").textContent = fmtSeconds(e.reply_s);
+  $("reply-s").dataset.value = String(e.reply_s);
+  $("e2e").textContent = fmtSeconds(e.e2e_s);
+  $("bytes-per-token").textContent = fmtBytes(e.bytes_per_token);
+  $("bytes-per-token").dataset.value = String(e.bytes_per_token);
+  $("flops-per-token").textContent = fmtCount(e.flops_per_token);
+  $("ttft").textContent = fmtSeconds(e.ttft_s);
+  $("throughput").textContent = fmtNum(e.throughput_tok_s);
+  $("throughput").dataset.value = String(e.throughput_tok_s);
+  $("regime").textContent = e.regime;
+  $("regime-sub").textContent = e.critical_batch === null ? "decode never turns compute-bound" : `compute-bound from batch ${fmtNum(Math.ceil(e.critical_batch))}`;
+  renderMemory(e);
+  $("basis").textContent = `${e.model} on ${e.hardware}, weights ${e.weights} (${fmtNum(e.weight_bits)} bits), KV ${e.kv}, ${e.mode} mode: `
+    + `bandwidth ${fmtBytes(e.bandwidth_Bps)}/s × ${e.bw_efficiency}, peak ${e.flops === null ? "unknown" : fmtCount(e.flops) + "FLOP/s"} × ${e.flops_efficiency}, `
+    + `step overhead ${fmtSeconds(e.step_overhead_s)} (${e.efficiency_basis}).`;
+  window.speedlimit.last = data;
+  window.speedlimit.cardSeq = mySeq;
+  window.speedlimit.renders += 1;
+}
+
+// Charts are slower to draw than the cards: draw them on the next frame, only for the newest result.
+let chartFrame = null;
+function scheduleCharts(data, mySeq, started) {
+  if (chartFrame !== null) cancelAnimationFrame(chartFrame);
+  chartFrame = requestAnimationFrame(() => {
+    chartFrame = null;
+    if (window.Plotly) { renderRoofline(data.roofline, data.estimate); renderCurve(data, data.estimate); }
+    else { $("roofline-chart").textContent = "chart library unavailable (plotly is not installed)"; }
+    window.speedlimit.chartSeq = mySeq;
+    window.speedlimit.lastChartMs = performance.now() - started;
+  });
+}
+
+function renderMemory(e) {
+  const capacity = e.memory_capacity_bytes;
+  const used = e.weights_bytes + e.kv_cache_bytes;
+  const total = capacity ? Math.max(capacity, used) : used;
+  const pct = (x) => (100 * x / total).toFixed(2) + "%";
+  const bar = $("memory-bar");
+  const over = capacity !== null && used > capacity;
+  bar.classList.toggle("over", over);
+  $("mem-weights").style.width = pct(over ? Math.min(e.weights_bytes, capacity) : e.weights_bytes);
+  $("mem-kv").style.width = pct(over ? Math.max(0, Math.min(e.kv_cache_bytes, capacity - e.weights_bytes)) : e.kv_cache_bytes);
+  $("mem-free").style.width = capacity === null ? "0%" : pct(Math.abs(capacity - used));
+  $("mem-weights").title = "weights " + fmtBytes(e.weights_bytes);
+  $("mem-kv").title = "KV cache " + fmtBytes(e.kv_cache_bytes);
+  let text = `weights ${fmtBytes(e.weights_bytes)} + KV ${fmtBytes(e.kv_cache_bytes)} (${fmtBytes(e.kv_bytes_per_token)}/token/sequence)`;
+  if (capacity === null) text += " — capacity unknown";
+  else {
+    text += ` of ${fmtBytes(capacity)} usable` + (e.tp > 1 ? ` across ${e.tp} devices` : "");
+    text += over ? ` — does NOT fit (over by ${fmtBytes(used - capacity)})` : ` — fits, ${fmtBytes(capacity - used)} free`;
+    if (e.max_batch !== null) text += `; max batch ${fmtNum(e.max_batch)}`;
+  }
+  $("memory-text").textContent = text;
+  bar.dataset.fits = String(e.fits);
+}
+
+const PLOT_CONFIG = { displayModeBar: false, responsive: true };
+const REGIME_COLOR = { memory: "#2463eb", compute: "#dc2626" };
+
+function renderRoofline(r, e) {
+  const tera = (ys) => ys.map((y) => y / 1e12);
+  const traces = [
+    { x: r.intensity, y: tera(r.peak_roof_flops), mode: "lines", name: "peak roof", line: { color: "#98a2b3", dash: "dash" }, hoverinfo: "skip" },
+  ];
+  if (e.mode !== "ideal") traces.push({ x: r.intensity, y: tera(r.effective_roof_flops), mode: "lines", name: "achievable roof", line: { color: "#2463eb" }, hoverinfo: "skip" });
+  traces.push({
+    x: [r.point.intensity], y: [r.point.flops / 1e12], mode: "markers", name: `this config (${r.point.regime}-bound)`,
+    marker: { size: 13, color: REGIME_COLOR[r.point.regime] || "#f59e0b", line: { color: "#111", width: 1 } },
+    hovertemplate: "AI %{x:.3g} FLOP/B<br>%{y:.3g} TFLOP/s achieved<extra></extra>",
+  });
+  const shapes = [];
+  if (r.ridge_intensity) shapes.push({ type: "line", xref: "x", yref: "paper", x0: r.ridge_intensity, x1: r.ridge_intensity, y0: 0, y1: 1, line: { color: "#98a2b3", dash: "dot", width: 1 } });
+  const layout = {
+    title: { text: `Roofline — ${r.point.regime}-bound at ${fmtNum(r.point.intensity)} FLOP/byte`, font: { size: 14 } },
+    xaxis: { type: "log", title: { text: "arithmetic intensity (FLOP per byte)" }, dtick: 1 },
+    yaxis: { type: "log", title: { text: "TFLOP/s per device" }, dtick: 1 },
+    margin: { l: 60, r: 10, t: 36, b: 44 }, legend: { x: 0.02, y: 0.98, bgcolor: "rgba(255,255,255,.7)" }, shapes,
+    annotations: r.ridge_intensity ? [{ x: Math.log10(r.ridge_intensity), y: 0.02, xref: "x", yref: "paper", text: `ridge ${fmtNum(r.ridge_intensity)}`, showarrow: false, font: { size: 10, color: "#667085" }, xanchor: "left" }] : [],
+  };
+  Plotly.react("roofline-chart", traces, layout, PLOT_CONFIG);
+}
+
+function renderCurve(data, e) {
+  const pts = data.points;
+  const fit = pts.filter((p) => p.fits !== false);
+  const nofit = pts.filter((p) => p.fits === false);
+  const hover = "batch %{text}<br>%{x:.3s} tok/s per user<br>%{y:.3s} tok/s total<extra></extra>";
+  const traces = [
+    { x: fit.map((p) => p.decode_tok_s), y: fit.map((p) => p.throughput_tok_s), text: fit.map((p) => p.batch), mode: "lines+markers", name: "fits in memory", line: { color: "#2463eb" }, hovertemplate: hover },
+  ];
+  if (nofit.length) traces.push({ x: nofit.map((p) => p.decode_tok_s), y: nofit.map((p) => p.throughput_tok_s), text: nofit.map((p) => p.batch), mode: "markers", name: "does not fit", marker: { color: "#98a2b3", symbol: "x" }, hovertemplate: hover });
+  traces.push({ x: [e.decode_tok_s], y: [e.throughput_tok_s], text: [e.batch], mode: "markers", name: `batch ${e.batch}`, marker: { size: 13, color: "#f59e0b", line: { color: "#111", width: 1 } }, hovertemplate: hover });
+  const annotations = [];
+  const knee = pts.find((p) => p.batch === data.knee_batch);
+  if (knee) {
+    traces.push({ x: [knee.decode_tok_s], y: [knee.throughput_tok_s], text: [knee.batch], mode: "markers", name: `knee (batch ${knee.batch})`, marker: { size: 14, color: "#dc2626", symbol: "diamond" }, hovertemplate: hover });
+    annotations.push({ x: Math.log10(knee.decode_tok_s), y: Math.log10(knee.throughput_tok_s), text: `knee: batch ${knee.batch}`, showarrow: true, arrowhead: 2, ax: -50, ay: 40, font: { size: 11, color: "#dc2626" } });
+  }
+  const layout = {
+    title: { text: "Throughput vs per-user speed across batch sizes", font: { size: 14 } },
+    xaxis: { type: "log", title: { text: "decode tok/s per user" }, exponentformat: "SI" },
+    yaxis: { type: "log", title: { text: "aggregate tok/s" }, exponentformat: "SI" },
+    margin: { l: 60, r: 10, t: 36, b: 44 }, legend: { x: 0.02, y: 0.02, yanchor: "bottom", bgcolor: "rgba(255,255,255,.7)" }, annotations,
+  };
+  Plotly.react("curve-chart", traces, layout, PLOT_CONFIG);
+}
+
+// ---------------------------------------------------------------- startup
+function fillSelect(select, items) {
+  select.innerHTML = "";
+  for (const item of items) {
+    const option = document.createElement("option");
+    option.value = item.name;
+    option.textContent = item.label && item.label !== item.name ? `${item.name} — ${item.label}` : item.name;
+    select.appendChild(option);
+  }
+}
+
+async function init() {
+  const ticks = $("weights-tick-labels");
+  BITS.forEach((b) => { const s = document.createElement("span"); s.textContent = b; ticks.appendChild(s); });
+  const [models, hardware] = await Promise.all([fetch("/api/models").then((r) => r.json()), fetch("/api/hardware").then((r) => r.json())]);
+  fillSelect($("model"), models);
+  fillSelect($("hardware"), hardware);
+  writeState(stateFromUrl());
+  $("controls").addEventListener("input", (event) => {
+    const id = event.target.id;
+    if (id === "batch-range") $("batch").value = batchFromRange();
+    if (id === "batch") $("batch-range").value = Math.log2(Math.max(1, parseInt($("batch").value, 10) || 1));
+    if (id === "weights-bits") $("weights-format").value = "";
+    scheduleUpdate();
+  });
+  $("controls").addEventListener("change", scheduleUpdate);
+  $("config-clear").addEventListener("click", () => { $("config").value = ""; scheduleUpdate(); });
+  await update();
+}
+
+document.addEventListener("DOMContentLoaded", () => { init().catch((e) => showError("could not start: " + e.message)); });

@@ -1,0 +1,121 @@
+"""Every failure mode of the FaultyOpenAIServer fixture is counted as its own error kind, and runs go on."""
+
+from __future__ import annotations
+
+import json
+import pytest
+
+from faulty_server import MIXED_CYCLE, free_port
+from speedlimit.bench.client import Endpoint, make_session, send_request
+from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan
+from speedlimit.bench.workload import LengthSpec, RequestSpec
+
+
+async def one(url, *, api="completions", timeout_s=5.0, max_tokens=8, include_usage=True):
+    endpoint = Endpoint(url, model="fake-model", api=api, timeout_s=timeout_s, include_usage=include_usage)
+    async with make_session() as session:
+        return await send_request(session, endpoint, RequestSpec(0, "hello", max_tokens))
+
+
+@pytest.mark.parametrize("mode, kind, status", [
+    ("http_429", "http_429", 429),
+    ("http_500", "http_500", 500),
+    ("http_503", "http_503", 503),
+    ("disconnect", "disconnect", 200),
+    ("malformed", "malformed_sse", 200),
+    ("empty", "empty", 200),
+    ("error_event", "server_error", 200),
+])
+async def test_each_fault_is_its_own_error_kind(faulty_server, mode, kind, status):
+    record = await one(faulty_server.url(mode))
+    assert record.error_kind == kind, record.error_text
+    assert record.http_status == status
+    assert record.error_text
+    assert record.e2e_s is not None and record.e2e_s < 5
+
+
+async def test_a_stream_that_never_ends_hits_the_per_request_timeout(faulty_server):
+    record = await one(faulty_server.url("hang"), timeout_s=0.3)
+    assert record.error_kind == "timeout"
+    assert record.output_chunks == 1  # what arrived before the timeout is kept
+    assert 0.3 <= record.e2e_s < 2.0
+
+
+async def test_connection_refused_is_a_connect_error():
+    record = await one(f"http://127.0.0.1:{free_port()}/v1")
+    assert record.error_kind == "connect" and record.http_status is None
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+async def test_healthy_stream_uses_usage_when_asked_and_chunks_otherwise(faulty_server, api):
+    with_usage = await one(faulty_server.url("ok"), api=api, max_tokens=12)
+    assert with_usage.ok and with_usage.output_tokens == 12 and with_usage.token_count_source == "usage"
+    assert with_usage.output_chunks == 12 and len(with_usage.itl_s) == 11
+    assert with_usage.finish_reason == "length"
+    without = await one(faulty_server.url("nousage"), api=api, max_tokens=5)
+    assert without.ok and without.output_tokens == 5 and without.token_count_source == "chunks"
+
+
+async def test_mixed_faults_run_continues_and_writes_every_row(faulty_server, tmp_path):
+    endpoint = Endpoint(faulty_server.url("mixed"), model="fake-model", timeout_s=0.5)
+    plan = LoadPlan(concurrency=3, requests=2 * len(MIXED_CYCLE))
+    async with BenchRunner(endpoint, WorkloadPlan(LengthSpec("fixed", 8), 6, None, 0)) as runner:
+        result = await runner.run(plan, tmp_path)
+    summary = result.summary
+    assert summary["requests"] == 2 * len(MIXED_CYCLE)
+    assert summary["completed"] >= 1 and summary["failed"] >= 1
+    assert set(summary["errors"]) <= {"http_429", "http_500", "http_503", "disconnect", "malformed_sse", "empty",
+                                      "timeout", "server_error"}
+    rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == summary["requests"]
+    assert json.loads((tmp_path / "summary.json").read_text())["errors"] == summary["errors"]
+
+
+def test_cli_exit_code_reflects_failures_only_with_fail_on_error(faulty_server, tmp_path, run_cli):
+    args = ["bench", "--url", faulty_server.url("http_503"), "--requests", "3", "--concurrency", "2",
+            "--out", str(tmp_path), "--json", "--no-progress"]
+    code, out, _ = run_cli(args)
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["errors"] == {"http_503": 3} and summary["completed"] == 0
+    assert (tmp_path / "summary.json").exists() and len((tmp_path / "requests.jsonl").read_text().splitlines()) == 3
+    code, _, _ = run_cli(args + ["--fail-on-error"])
+    assert code == 1
+
+
+def test_cli_unreachable_server_is_one_line_and_exit_2(run_cli):
+    code, out, err = run_cli(["bench", "--url", f"http://127.0.0.1:{free_port()}/v1", "--requests", "1"])
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: cannot reach")
+
+
+def test_cli_skip_preflight_records_connect_errors_instead(run_cli):
+    code, out, _ = run_cli(["bench", "--url", f"http://127.0.0.1:{free_port()}/v1", "--model", "m", "--requests",
+                            "2", "--skip-preflight", "--json", "--no-progress"])
+    assert code == 0 and json.loads(out)["errors"] == {"connect": 2}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--concurrency", "2", "--rate", "3"], "exactly one of"),
+    (["--requests", "3", "--duration", "2"], "not both"),
+    (["--prompt-tokens", "lots"], "bad token length"),
+    (["--slo", "ttft=soon"], "cannot read duration"),
+    (["--sweep", "batch=1,2"], "bad --sweep"),
+    (["--api", "embeddings"], "unknown --api"),
+    (["--compare-estimate"], "--hardware"),
+])
+def test_cli_bad_input_exits_2_with_one_line(faulty_server, run_cli, argv, message):
+    code, _, err = run_cli(["bench", "--url", faulty_server.url("ok"), *argv])
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_cli_happy_path_on_the_fake_server_with_sweep_and_slo(faulty_server, tmp_path, run_cli):
+    code, out, _ = run_cli(["bench", "--url", faulty_server.url("ok"), "--sweep", "concurrency=1,4", "--requests",
+                            "8", "--output-tokens", "5", "--slo", "ttft=1s", "--out", str(tmp_path), "--json",
+                            "--no-progress"])
+    assert code == 0
+    summary = json.loads(out)
+    assert [p["concurrency"] for p in summary["points"]] == [1, 4]
+    assert all(p["completed"] == 8 and p["output_tokens"] == 40 for p in summary["points"])
+    assert summary["sweep"]["knee_load"] in (1, 4)
+    assert (tmp_path / "concurrency_4" / "requests.jsonl").exists()

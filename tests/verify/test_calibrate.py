@@ -1,0 +1,156 @@
+"""The calibrate fit on synthetic measurements with known answers, and the profile round trip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from speedlimit.calibration import (
+    CalibrationPoint,
+    fit_calibration,
+    load_calibration_inputs,
+    load_profile_hardware,
+    predicted_step_seconds,
+)
+from speedlimit.catalog import default_efficiency, resolve_hardware
+from speedlimit.hardware import Efficiency
+
+BANDWIDTH = 20e9
+FLOPS = 100e9
+DEFAULTS = Efficiency(bw_efficiency=0.6, flops_efficiency=0.5, step_overhead_s=0.0002)
+
+
+def synthetic_points(bw_eff: float, flops_eff: float, overhead: float) -> list[CalibrationPoint]:
+    truth = Efficiency(bw_efficiency=bw_eff, flops_efficiency=flops_eff, step_overhead_s=overhead)
+    points = []
+    for context in (128, 512, 1024, 2048, 4096):
+        bytes_ = 100e6 + 23e3 * context  # weights + KV cache, like SmolLM2-135M
+        # few FLOPs per byte, so decode stays memory-bound for every truth drawn below
+        point = CalibrationPoint("decode", bytes_, 0.02e9, 0.0, f"ctx {context}", "synthetic")
+        points.append(point.__class__(**{**point.__dict__, "measured_s": predicted_step_seconds(point, BANDWIDTH, FLOPS, truth)}))
+    for prompt in (128, 512):
+        point = CalibrationPoint("prefill", 100e6, 0.28e9 * prompt, 0.0, f"prefill {prompt}", "synthetic")
+        points.append(point.__class__(**{**point.__dict__, "measured_s": predicted_step_seconds(point, BANDWIDTH, FLOPS, truth)}))
+    return points
+
+
+def test_fit_recovers_known_answer() -> None:
+    fit = fit_calibration(synthetic_points(0.45, 0.35, 0.003), BANDWIDTH, FLOPS, DEFAULTS)
+    assert fit.bw_efficiency == pytest.approx(0.45, rel=1e-9)
+    assert fit.flops_efficiency == pytest.approx(0.35, rel=1e-9)
+    assert fit.step_overhead_s == pytest.approx(0.003, rel=1e-9)
+    assert fit.error_after["all"] == pytest.approx(0.0, abs=1e-9)
+    assert fit.error_before["decode"] > 0.2  # the defaults were far off
+    assert fit.notes == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(bw=st.floats(0.05, 1.0), flops=st.floats(0.05, 1.0), overhead=st.floats(0.0, 0.02))
+def test_fit_recovers_any_truth(bw: float, flops: float, overhead: float) -> None:
+    fit = fit_calibration(synthetic_points(bw, flops, overhead), BANDWIDTH, FLOPS, DEFAULTS)
+    assert fit.bw_efficiency == pytest.approx(bw, rel=1e-6)
+    assert fit.step_overhead_s == pytest.approx(overhead, rel=1e-6, abs=1e-12)
+    assert fit.flops_efficiency == pytest.approx(flops, rel=1e-6)
+    assert fit.error_after["all"] <= fit.error_before["all"] + 1e-12
+
+
+def test_noisy_fit_is_close_and_better_than_defaults() -> None:
+    points = synthetic_points(0.5, 0.4, 0.002)
+    noisy = [p.__class__(**{**p.__dict__, "measured_s": p.measured_s * (1.03 if i % 2 else 0.97)}) for i, p in enumerate(points)]
+    fit = fit_calibration(noisy, BANDWIDTH, FLOPS, DEFAULTS)
+    assert fit.bw_efficiency == pytest.approx(0.5, rel=0.15)
+    assert fit.flops_efficiency == pytest.approx(0.4, rel=0.1)
+    assert fit.error_after["all"] < 0.05 < fit.error_before["all"]
+
+
+def test_one_decode_size_fits_without_overhead() -> None:
+    point = CalibrationPoint("decode", 100e6, 0.28e9, 100e6 / (0.5 * BANDWIDTH), "one", "synthetic")
+    fit = fit_calibration([point], BANDWIDTH, None, DEFAULTS)
+    assert fit.bw_efficiency == pytest.approx(0.5)
+    assert fit.step_overhead_s == 0.0
+    assert fit.flops_efficiency == DEFAULTS.flops_efficiency
+    assert any("not separable" in note for note in fit.notes)
+
+
+def test_faster_than_bandwidth_caps_at_one() -> None:
+    points = [CalibrationPoint("decode", b, 1.0, b / (1.5 * BANDWIDTH), "fast", "s") for b in (100e6, 150e6)]
+    fit = fit_calibration(points, BANDWIDTH, FLOPS, DEFAULTS)
+    assert fit.bw_efficiency == 1.0
+    assert fit.step_overhead_s == 0.0
+    assert any("capped" in note for note in fit.notes)
+
+
+def verify_result(points: list[CalibrationPoint]) -> dict:
+    """A minimal `speedlimit verify` result holding these points (2 threads)."""
+    return {
+        "schema": "speedlimit.verify/1", "complete": True, "threads": 2,
+        "machine": {"cpu": "Test CPU", "cores": 2, "memory_bytes": 24e9},
+        "measured_bandwidth_Bps": BANDWIDTH, "measured_flops": FLOPS,
+        "decode": [{"kind": "context", "threads": 2, "context_start": i, "tok_s": 1 / p.measured_s,
+                    "bytes_per_token": p.step_bytes, "flops_per_token": p.step_flops}
+                   for i, p in enumerate(points) if p.kind == "decode"]
+        + [{"kind": "base", "threads": 1, "context_start": 0, "tok_s": 1.0, "bytes_per_token": 1e6, "flops_per_token": 1e6}],
+        "prefill": [{"threads": 2, "prompt_tokens": 128, "median_s": p.measured_s, "step_bytes": p.step_bytes,
+                     "step_flops": p.step_flops} for p in points if p.kind == "prefill"],
+    }
+
+
+def test_reads_verify_results_at_headline_threads(tmp_path: Path) -> None:
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(verify_result(synthetic_points(0.5, 0.4, 0.002))))
+    points, measured, bench_hardware, notes = load_calibration_inputs([path])
+    assert len(points) == 7  # the 1-thread point is left out
+    assert measured is not None and measured.memory_bandwidth_Bps == BANDWIDTH and measured.kind == "cpu"
+    assert bench_hardware is None and notes == []
+
+
+def test_reads_bench_summary_decode_points(tmp_path: Path) -> None:
+    predicted = {"batch": 4, "tp": 2, "bytes_per_token": 5e9, "flops_per_token": 2e10}
+    summary = {"points": [{"itl_s": {"mean": 0.02}, "estimate": {"hardware": "h100-sxm", "predicted": predicted}},
+                          {"itl_s": {"mean": 0.03}}]}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    points, measured, bench_hardware, _ = load_calibration_inputs([path])
+    assert measured is None and bench_hardware == "h100-sxm"
+    assert [(p.kind, p.step_bytes, p.measured_s) for p in points] == [("decode", 5e9 * 4 / 2, 0.02)]
+
+
+def test_calibrate_saves_profile_that_estimate_uses(cli, tmp_path: Path, isolated_config: Path) -> None:
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(verify_result(synthetic_points(0.45, 0.35, 0.003))))
+    done = cli(["calibrate", str(path), "--name", "testbox", "--json"])
+    assert done.returncode == 0, done.stderr
+    fit = json.loads(done.stdout)
+    assert fit["bw_efficiency"] == pytest.approx(0.45, rel=1e-6)
+    assert fit["step_overhead_s"] == pytest.approx(0.003, rel=1e-4)
+    assert fit["error_after"]["all"] < 1e-4 < fit["error_before"]["all"]
+    assert Path(fit["path"]) == isolated_config / "profiles" / "testbox.toml"
+
+    hardware = load_profile_hardware("testbox")
+    assert hardware is not None and hardware.memory_bandwidth_Bps == BANDWIDTH
+    assert resolve_hardware("testbox") == hardware
+    efficiency = default_efficiency(hardware)
+    assert efficiency.bw_efficiency == pytest.approx(0.45, rel=1e-3)
+    assert efficiency.flops_efficiency == pytest.approx(0.35, rel=1e-3)
+    assert efficiency.step_overhead_s == pytest.approx(0.003, rel=1e-3)
+
+    done = cli(["estimate", "--model", "smollm2-135m", "--hardware", "testbox", "--json"])
+    assert done.returncode == 0, done.stderr
+    estimate = json.loads(done.stdout)
+    assert estimate["bw_efficiency"] == pytest.approx(0.45, rel=1e-3)
+    assert estimate["step_overhead_s"] == pytest.approx(0.003, rel=1e-3)
+
+
+def test_calibrate_table_shows_before_and_after(cli, tmp_path: Path) -> None:
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(verify_result(synthetic_points(0.45, 0.35, 0.003))))
+    done = cli(["calibrate", str(path)])
+    assert done.returncode == 0, done.stderr
+    assert "mean |error| all" in done.stdout and "profile saved to" in done.stdout
+    assert "local.toml" in done.stdout.replace("\n", "")
+    bw_row = next(line for line in done.stdout.splitlines() if "bw_efficiency" in line)
+    assert "0.600" in bw_row and "0.450" in bw_row  # default, fitted
