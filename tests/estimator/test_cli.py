@@ -102,6 +102,15 @@ def test_sweep_csv_matches_single_estimates():
         assert row["regime"] == single.regime
 
 
+def test_sweep_kv_and_tp_match_single_estimates():
+    out = runner.invoke(app, ["sweep", "-m", "llama-3.1-70b", "-H", "h100-sxm", "--weights", "fp8", "--kv", "fp8", "--tp", "4",
+                              "--batch", "1,32", "--context", "8192", "--format", "json"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    for row in json.loads(out.output):
+        single = estimate("llama-3.1-70b", "h100-sxm", weights="fp8", kv="fp8", tp=4, batch=row["batch"], prompt=8192)
+        assert row["decode_tok_s"] == pytest.approx(single.decode_tok_s, rel=1e-9)
+
+
 def test_sweep_json_and_bad_axis(tmp_path):
     out = tmp_path / "grid.json"
     ok = runner.invoke(app, ["sweep", "-m", "7B", "-H", "l4", "--batch", "1,2", "--format", "json", "--out", str(out), "--ideal"])

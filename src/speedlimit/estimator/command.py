@@ -183,6 +183,8 @@ def sweep_command(
     batch: Annotated[str, typer.Option(help="Batches: 1,8,64 or a doubling range 1:256.")] = "1",
     context: Annotated[str, typer.Option(help="Prompt/context tokens: 512,4096 or a doubling range 128:32768.")] = "512",
     output: Annotated[int, typer.Option(help="Generated tokens per sequence.")] = 256,
+    kv: Annotated[str, typer.Option(help="KV-cache format: fp16, bf16, fp8, int8, int4.")] = "fp16",
+    tp: Annotated[int, typer.Option(help="Tensor-parallel devices.")] = 1,
     ideal: Annotated[bool, typer.Option("--ideal", help="The seed formula.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
     out: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")] = None,
@@ -193,7 +195,9 @@ def sweep_command(
     if fmt not in ("csv", "json"):
         raise SpeedlimitError(f"--format must be csv or json, got {fmt!r}")
     weight_list = [w.strip() for w in weights.split(",") if w.strip()]
-    result = sweep_grid(model, hardware, weight_list, _parse_list(batch, "batch"), _parse_list(context, "context"), output=output, ideal=ideal)
+    result = sweep_grid(
+        model, hardware, weight_list, _parse_list(batch, "batch"), _parse_list(context, "context"), output=output, kv=kv, tp=tp, ideal=ideal
+    )
     stream = io.StringIO() if out is None else out.open("w", newline="", encoding="utf-8")
     try:
         if fmt == "json":

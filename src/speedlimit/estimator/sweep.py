@@ -16,7 +16,7 @@ from speedlimit.architecture import Architecture
 from speedlimit.catalog import default_efficiency, resolve_hardware, resolve_model
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
-from speedlimit.estimator.api import MAX_BATCH, MAX_TOKENS, cost_model, ideal_cost_model
+from speedlimit.estimator.api import MAX_BATCH, MAX_TOKENS, MAX_TP, cost_model, ideal_cost_model
 from speedlimit.hardware import Hardware
 from speedlimit.precision import parse_precision
 
@@ -75,17 +75,20 @@ def sweep_arrays(
     contexts: Sequence[float],
     *,
     output: int = 256,
+    kv: str = "fp16",
+    tp: int = 1,
     ideal: bool = False,
 ) -> dict[str, np.ndarray]:
     """The grid as arrays of shape (models·weights, hardware, batch, context)."""
     precisions = [parse_precision(w) for w in weights]
-    kv = parse_precision("fp16", what="kv")
+    kv_precision = parse_precision(kv, what="kv")
+    tp = int(_check_axis("tp", [tp], 1, MAX_TP)[0])
     batch = _check_axis("batch", batches, 1, MAX_BATCH).reshape(1, 1, -1, 1)
     context = _check_axis("context", contexts, 0, MAX_TOKENS).reshape(1, 1, 1, -1)
     costs, dtypes, layers = [], [], []
     for arch in models:
         for precision in precisions:
-            cost, _ = cost_model(arch, precision, kv)
+            cost, _ = cost_model(arch, precision, kv_precision)
             costs.append(ideal_cost_model(cost, arch) if ideal else cost)
             dtypes.append(precision.compute_dtype)
             layers.append(arch.n_layers)
@@ -102,7 +105,7 @@ def sweep_arrays(
         + np.array(layers, dtype=float).reshape(-1, 1, 1, 1) * np.array([e.layer_overhead_s for e in efficiencies]).reshape(1, -1, 1, 1),
         memory_bytes=np.array([h.memory_bytes or math.nan for h in hardware]).reshape(1, -1, 1, 1),
         link_Bps=np.array([h.interconnect_Bps or math.nan for h in hardware]).reshape(1, -1, 1, 1),
-        tp=1.0,
+        tp=float(tp),
     )
     itl = core.mean_decode_step_seconds(cost, machine, batch, context, context + output)
     mid = context + output / 2
@@ -115,7 +118,7 @@ def sweep_arrays(
         "throughput_tok_s": batch / itl,
         "bytes_per_token": core.decode_bytes(cost, batch, mid) / batch,
         "memory_bytes": memory,
-        "fits": memory <= core.usable_memory_bytes(machine),
+        "fits": memory <= core.usable_memory_bytes(machine),  # NaN capacity (unknown) compares False
         "compute_bound": compute_s > memory_s,
     }
 
@@ -128,12 +131,14 @@ def sweep_grid(
     contexts: Sequence[float],
     *,
     output: int = 256,
+    kv: str = "fp16",
+    tp: int = 1,
     ideal: bool = False,
 ) -> SweepResult:
     """Resolve names, evaluate the grid, and flatten it to one row per configuration."""
     archs = [resolve_model(m) for m in models]
     devices = [resolve_hardware(h) for h in hardware]
-    arrays = sweep_arrays(archs, devices, weights, batches, contexts, output=output, ideal=ideal)
+    arrays = sweep_arrays(archs, devices, weights, batches, contexts, output=output, kv=kv, tp=tp, ideal=ideal)
     shape = (len(archs) * len(weights), len(devices), len(batches), len(contexts))
     full = {k: np.broadcast_to(v, shape).reshape(-1) for k, v in arrays.items()}
     mw, h, b, c = (axis.reshape(-1) for axis in np.indices(shape))
