@@ -114,6 +114,7 @@ class CalibrationFit:
     error_before: dict[str, float | None]
     error_after: dict[str, float | None]
     notes: list[str] = field(default_factory=list)
+    excluded: list[CalibrationPoint] = field(default_factory=list)
 
     @property
     def efficiency(self) -> Efficiency:
@@ -162,15 +163,14 @@ def _weighted_slope(x: list[float], t: list[float]) -> float:
     return sum(wi * xi * ti for wi, xi, ti in zip(w, x, t)) / sum(wi * xi * xi for wi, xi in zip(w, x))
 
 
-def fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float | None,
-                    before: Efficiency) -> CalibrationFit:
-    """Fit bw_efficiency and step_overhead_s to decode points, flops_efficiency to prefill points."""
+# A point further than this (relative) from the first fit, and 3x further than the median point, is left
+# out and named: on a shared machine one disturbed run set can be 10x slow and would drag the whole fit.
+OUTLIER_RELATIVE_ERROR = 0.25
+
+
+def _fit_decode(decode: list[CalibrationPoint], bandwidth_Bps: float) -> tuple[float, float, list[str]]:
+    """(bw_efficiency, step_overhead_s, notes) from decode points: t = (bytes / BW) / e_bw + overhead."""
     notes: list[str] = []
-    decode = [p for p in points if p.kind == "decode" and p.measured_s > 0]
-    prefill = [p for p in points if p.kind == "prefill" and p.measured_s > 0]
-    if not decode:
-        raise SpeedlimitError("no decode measurements in the given results: pass `speedlimit verify --out FILE` results "
-                              "or bench summaries made with --compare-estimate")
     x = [p.step_bytes / bandwidth_Bps for p in decode]
     t = [p.measured_s for p in decode]
     slope, overhead = None, 0.0
@@ -191,7 +191,34 @@ def fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops:
                      "measurement); bw_efficiency capped at 1.0")
         bw_efficiency = 1.0
         overhead = max(0.0, sum((ti - xi) / ti**2 for xi, ti in zip(x, t)) / sum(1 / ti**2 for ti in t))
-    overhead = min(overhead, 1.0)
+    return bw_efficiency, min(overhead, 1.0), notes
+
+
+def _split_outliers(points: list[CalibrationPoint], predict: Any) -> tuple[list[CalibrationPoint], list[CalibrationPoint]]:
+    if len(points) < 3:
+        return points, []
+    errors = [abs(predict(p) - p.measured_s) / p.measured_s for p in points]
+    limit = max(OUTLIER_RELATIVE_ERROR, 3 * sorted(errors)[len(errors) // 2])
+    kept = [p for p, e in zip(points, errors) if e <= limit]
+    return (kept, [p for p in points if p not in kept]) if len(kept) >= 2 else (points, [])
+
+
+def fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float | None,
+                    before: Efficiency) -> CalibrationFit:
+    """Fit bw_efficiency and step_overhead_s to decode points, flops_efficiency to prefill points.
+
+    Points far off a first fit (see `OUTLIER_RELATIVE_ERROR`) are left out, refitted without, and listed
+    in ``excluded`` and the notes; the errors before/after are over the points kept.
+    """
+    decode = [p for p in points if p.kind == "decode" and p.measured_s > 0]
+    prefill = [p for p in points if p.kind == "prefill" and p.measured_s > 0]
+    if not decode:
+        raise SpeedlimitError("no decode measurements in the given results: pass `speedlimit verify --out FILE` results "
+                              "or bench summaries made with --compare-estimate")
+    bw_efficiency, overhead, notes = _fit_decode(decode, bandwidth_Bps)
+    decode, excluded = _split_outliers(decode, lambda p: p.step_bytes / (bandwidth_Bps * bw_efficiency) + overhead)
+    if excluded:
+        bw_efficiency, overhead, notes = _fit_decode(decode, bandwidth_Bps)
 
     flops_efficiency = before.flops_efficiency
     if not prefill:
@@ -199,20 +226,30 @@ def fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops:
     elif not flops or not math.isfinite(flops):
         notes.append("the base hardware has no FLOPs figure: flops_efficiency kept at its default")
     else:
-        usable = [p for p in prefill if p.measured_s > overhead]
-        if usable:
+        def fit_prefill(chosen: list[CalibrationPoint]) -> float:
+            usable = [p for p in chosen if p.measured_s > overhead] or chosen
             y = [p.step_flops / flops for p in usable]
-            flops_efficiency = 1.0 / _weighted_slope(y, [p.measured_s - overhead for p in usable])
-            if flops_efficiency > 1.0:
-                notes.append(f"prefill ran at {flops_efficiency:.2f}× the FLOPs figure; flops_efficiency capped at 1.0")
-                flops_efficiency = 1.0
+            return 1.0 / _weighted_slope(y, [max(p.measured_s - overhead, 1e-12) for p in usable])
+
+        flops_efficiency = fit_prefill(prefill)
+        prefill, dropped = _split_outliers(prefill, lambda p: p.step_flops / (flops * flops_efficiency) + overhead)
+        if dropped:
+            flops_efficiency = fit_prefill(prefill)
+            excluded += dropped
+        if flops_efficiency > 1.0:
+            notes.append(f"prefill ran at {flops_efficiency:.2f}× the FLOPs figure; flops_efficiency capped at 1.0")
+            flops_efficiency = 1.0
+    if excluded:
+        notes.append(f"left out {len(excluded)} point(s) more than {OUTLIER_RELATIVE_ERROR:.0%} off the fit (runs disturbed "
+                     "by other load?): " + ", ".join(f"{p.label} ({Path(p.source).name})" for p in excluded))
     fitted = Efficiency(bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=overhead,
                         basis="calibrated")
+    kept = decode + prefill
     return CalibrationFit(
         bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=overhead,
-        bandwidth_Bps=bandwidth_Bps, flops=flops, points=decode + prefill, before=before,
-        error_before=fit_errors(decode + prefill, bandwidth_Bps, flops, before),
-        error_after=fit_errors(decode + prefill, bandwidth_Bps, flops, fitted), notes=notes,
+        bandwidth_Bps=bandwidth_Bps, flops=flops, points=kept, before=before,
+        error_before=fit_errors(kept, bandwidth_Bps, flops, before),
+        error_after=fit_errors(kept, bandwidth_Bps, flops, fitted), notes=notes, excluded=excluded,
     )
 
 
@@ -236,7 +273,9 @@ def points_from_verify(result: dict[str, Any], source: str) -> list[CalibrationP
     for row in result.get("decode") or []:
         if row.get("threads") == threads and row.get("tok_s"):
             points.append(CalibrationPoint("decode", float(row["bytes_per_token"]), float(row["flops_per_token"]),
-                                           1.0 / float(row["tok_s"]), f"decode @ ctx {row['context_start']}", source))
+                                           1.0 / float(row["tok_s"]),
+                                           f"decode @ ctx {row['context_start']}" + (" (base)" if row.get("kind") == "base" else ""),
+                                           source))
     for row in result.get("prefill") or []:
         if row.get("threads") == threads and row.get("median_s"):
             points.append(CalibrationPoint("prefill", float(row["step_bytes"]), float(row["step_flops"]),

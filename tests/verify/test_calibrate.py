@@ -154,3 +154,13 @@ def test_calibrate_table_shows_before_and_after(cli, tmp_path: Path) -> None:
     assert "local.toml" in done.stdout.replace("\n", "")
     bw_row = next(line for line in done.stdout.splitlines() if "bw_efficiency" in line)
     assert "0.600" in bw_row and "0.450" in bw_row  # default, fitted
+
+
+def test_disturbed_point_is_left_out() -> None:
+    points = synthetic_points(0.4, 0.5, 0.002)
+    spoiled = [p.__class__(**{**p.__dict__, "measured_s": p.measured_s * (12 if p.label == "ctx 4096" else 1)}) for p in points]
+    fit = fit_calibration(spoiled, BANDWIDTH, FLOPS, DEFAULTS)
+    assert [p.label for p in fit.excluded] == ["ctx 4096"]
+    assert fit.bw_efficiency == pytest.approx(0.4, rel=1e-6)
+    assert fit.step_overhead_s == pytest.approx(0.002, rel=1e-6)
+    assert any("left out 1 point" in note for note in fit.notes)

@@ -7,7 +7,6 @@ that into per-request `connect` errors instead).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from speedlimit.bench.client import API_KEY_ENV, Endpoint
+from speedlimit.bench.client import API_KEY_ENV, Endpoint, run_async
 from speedlimit.bench.compare import estimate_for
 from speedlimit.bench.metrics import parse_slo
 from speedlimit.bench.report import LiveProgress, print_summary
@@ -74,6 +73,12 @@ def bench_command(
     """Load-test an OpenAI-compatible streaming server: TTFT, ITL, TPOT, E2E, throughput, goodput, errors."""
     if compare_estimate and not hardware:
         raise SpeedlimitError("--compare-estimate needs --hardware NAME (a hardware catalog name)")
+    if compare_estimate:  # fail before the run, not after it
+        from speedlimit.catalog import resolve_hardware, resolve_model
+
+        resolve_hardware(hardware)
+        if estimate_model:
+            resolve_model(estimate_model)
     if sweep is None and concurrency is None and rate is None:
         concurrency = 1
     endpoint = Endpoint(url, model=model, api=api, api_key=api_key, include_usage=include_usage,
@@ -99,17 +104,23 @@ def bench_command(
                 return await runner.sweep(sweep_spec[0], sweep_spec[1], base_plan, out, knee_fraction)
             return (await runner.run(base_plan, out)).summary
 
-    summary = asyncio.run(main())
+    summary = run_async(main())
+    comparison_error = None
     if compare_estimate:
-        for point in summary.get("points", [summary]):
-            point["estimate"] = estimate_for(point, hardware=hardware, served_model=endpoint.model,
-                                             estimate_model=estimate_model)
+        try:
+            for point in summary.get("points", [summary]):
+                point["estimate"] = estimate_for(point, hardware=hardware, served_model=endpoint.model,
+                                                 estimate_model=estimate_model)
+        except SpeedlimitError as error:  # measured results still get printed (and are already on disk)
+            comparison_error = error
         if out is not None:
             write_json(out / "summary.json", summary)
     if json_output:
         sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
     else:
         print_summary(Console(), summary)
+    if comparison_error is not None:
+        raise comparison_error
     failed = sum(p["failed"] for p in summary.get("points", [summary]))
     if fail_on_error and failed:
         raise typer.Exit(code=1)

@@ -68,13 +68,16 @@ def estimate_for(summary: dict[str, Any], *, hardware: str, served_model: str | 
     model = estimate_model or served_model
     if not model:
         raise SpeedlimitError("--compare-estimate needs --estimate-model NAME_OR_PATH (the served model is unknown)")
+    from speedlimit.catalog import resolve_model
+
     try:
-        prediction = estimate(model, hardware, **inputs)
+        architecture = resolve_model(model)
     except SpeedlimitError as error:
         if estimate_model:
             raise
         raise SpeedlimitError(f"the served model {model!r} is not something the estimator knows ({error}); "
                               "pass --estimate-model CATALOG_NAME_OR_PATH") from None
+    prediction = estimate(architecture, hardware, **inputs)
     predicted = prediction.to_dict()
     return {"model": model, "hardware": hardware, "inputs": inputs, "predicted": predicted,
             "comparison": compare(summary, predicted)}

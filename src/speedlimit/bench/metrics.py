@@ -12,7 +12,6 @@ timings. Definitions (seconds throughout):
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
@@ -211,7 +210,3 @@ def find_knee(loads: Sequence[float], output_tok_s: Sequence[float], fraction: f
         "knee_output_tok_s": float(output_tok_s[knee_index]),
         "knee_fraction": fraction,
     }
-
-
-def finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None

@@ -175,6 +175,8 @@ def default_efficiency(hardware: Hardware) -> Efficiency:
     own = hardware.model_extra or {}
     if "step_overhead_s" in own:
         row["layer_overhead_s"] = 0.0
+    if own.get("calibrated_at"):
+        row["basis"] = f"calibrated {own['calibrated_at'][:10]} from {', '.join(map(str, own.get('calibrated_from', [])))}"
     for field in ("bw_efficiency", "flops_efficiency", "step_overhead_s", "layer_overhead_s", "basis"):
         if own.get(field) is not None:
             row[field] = own[field]

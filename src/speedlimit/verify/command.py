@@ -50,6 +50,12 @@ def parse_contexts(text: str | None) -> list[int] | None:
     return values
 
 
+def _measured(point: dict[str, Any], value: str) -> str:
+    from speedlimit.verify.run import NOISY_SPREAD
+
+    return f"{value} [yellow]*[/yellow]" if point.get("runs_spread", 1.0) > NOISY_SPREAD else value
+
+
 def render_verify(console: Console, result: dict[str, Any]) -> None:
     machine, model, engine = result["machine"], result["model"], result["engine"]
     bw = Table(title=f"This machine: {machine['cpu']}, {machine['cores']} cores, "
@@ -71,16 +77,18 @@ def render_verify(console: Console, result: dict[str, Any]) -> None:
     threads = result["threads"]
     settings = result["settings"]
     side = Table(title=f"{model['name']} ({model['file_type']}, {model['file_bytes'] / 1e6:,.0f} MB) in llama-cpp-python "
-                       f"{engine['version']}, {threads} threads, median of {settings['runs']} runs", title_justify="left")
+                       f"{engine['version']}, {threads} thread{'s' if threads > 1 else ''}, median of {settings['runs']} runs", title_justify="left")
     side.add_column("")
     side.add_column("measured", justify="right")
     side.add_column("predicted", justify="right")
     side.add_column("roofline limit", justify="right")
     side.add_column("measured ÷ limit", justify="right")
+    headline = next(p for p in result["decode"] if p["kind"] == "base" and p["threads"] == threads)
+    headline_prefill = next(p for p in result["prefill"] if p["threads"] == threads)
     side.add_row(f"decode tok/s (ctx {settings['prompt_tokens']}, {settings['decode_tokens']} tokens)",
-                 _num(result["decode_tok_s_measured"]), _num(result["decode_tok_s_predicted"]),
+                 _measured(headline, _num(result["decode_tok_s_measured"])), _num(result["decode_tok_s_predicted"]),
                  _num(result["decode_tok_s_limit"]), _pct(result["efficiency"]))
-    side.add_row(f"TTFT ({settings['prompt_tokens']}-token prompt)", _ms(result["ttft_s_measured"]),
+    side.add_row(f"TTFT ({settings['prompt_tokens']}-token prompt)", _measured(headline_prefill, _ms(result["ttft_s_measured"])),
                  _ms(result["ttft_s_predicted"]), _ms(result["ttft_s_limit"]),
                  _pct(result.get("prefill_efficiency")))
     side.add_row("prefill tok/s", _num(result["prefill_tok_s_measured"]),
@@ -96,11 +104,11 @@ def render_verify(console: Console, result: dict[str, Any]) -> None:
 
     contexts = [p for p in result["decode"] if p["kind"] == "context"]
     if contexts:
-        table = Table(title=f"Decode vs context ({threads} threads)", title_justify="left")
+        table = Table(title=f"Decode vs context ({threads} thread{'s' if threads > 1 else ''})", title_justify="left")
         for name in ("context", "measured tok/s", "predicted", "limit", "measured ÷ limit", "MB/token"):
             table.add_column(name, justify="right")
         for point in contexts:
-            table.add_row(f"{point['context_start']:,}", _num(point["tok_s"]), _num(point["tok_s_predicted"]),
+            table.add_row(f"{point['context_start']:,}", _measured(point, _num(point["tok_s"])), _num(point["tok_s_predicted"]),
                           _num(point["tok_s_limit"]), _pct(point["efficiency"]), f"{point['bytes_per_token'] / 1e6:,.1f}")
         console.print(table)
     base = [p for p in result["decode"] if p["kind"] == "base"]
@@ -110,9 +118,14 @@ def render_verify(console: Console, result: dict[str, Any]) -> None:
             table.add_column(name, justify="right")
         prefill = {p["threads"]: p for p in result["prefill"]}
         for point in base:
-            table.add_row(str(point["threads"]), _gb(point["bandwidth_Bps"]), _num(point["tok_s"]), _num(point["tok_s_limit"]),
+            table.add_row(str(point["threads"]), _gb(point["bandwidth_Bps"]), _measured(point, _num(point["tok_s"])), _num(point["tok_s_limit"]),
                           _pct(point["efficiency"]), _num(prefill[point["threads"]]["tok_s"]))
         console.print(table)
+    from speedlimit.verify.run import NOISY_SPREAD
+
+    if any(p.get("runs_spread", 1.0) > NOISY_SPREAD for p in result["decode"] + result["prefill"]):
+        console.print(f"[yellow]*[/yellow] runs of this measurement differ by more than {NOISY_SPREAD}×: other load "
+                      "disturbed some of them (the median is shown; every run is in --json)")
     load = machine.get("load_average_start")
     if load and load[0] > 0.5 * machine["cores"]:
         console.print(f"[yellow]note: load average was {load[0]:.1f} on {machine['cores']} cores when verify started; "
@@ -203,7 +216,8 @@ def calibrate_command(
         payload = {"profile": name, "path": str(path), "base_hardware": base.key, "bandwidth_Bps": base.memory_bandwidth_Bps,
                    "flops": fit.flops, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
                    "step_overhead_s": fit.step_overhead_s, "error_before": fit.error_before, "error_after": fit.error_after,
-                   "default_efficiency": fit.before.model_dump(), "points": len(fit.points), "notes": fit.notes}
+                   "default_efficiency": fit.before.model_dump(), "points": len(fit.points),
+                   "excluded": [point.label for point in fit.excluded], "notes": fit.notes}
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
     console = Console()
@@ -214,6 +228,9 @@ def calibrate_command(
     for point in fit.points:
         table.add_row(point.label, Path(point.source).name, _ms(point.measured_s), _ms(fit.predicted_s(point, fit.before)),
                       _ms(fit.predicted_s(point)))
+    for point in fit.excluded:
+        table.add_row(f"[dim]{point.label} (left out)[/dim]", Path(point.source).name, _ms(point.measured_s),
+                      _ms(fit.predicted_s(point, fit.before)), _ms(fit.predicted_s(point)))
     console.print(table)
     fields = Table(show_header=True)
     fields.add_column("")

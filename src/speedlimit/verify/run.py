@@ -30,6 +30,7 @@ from speedlimit.verify import membench
 
 SCHEMA = "speedlimit.verify/1"
 MIB = 1024 * 1024
+NOISY_SPREAD = 1.5  # fastest run more than 1.5x the slowest: other load disturbed the measurement
 KV_TYPE = "f16"  # llama.cpp's default KV-cache type, which verify does not change
 
 
@@ -209,8 +210,10 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
     }
     result["measured_bandwidth_Bps"] = best_all.best_Bps
     save()
-    matmul = membench.measure_matmul_flops(settings.matmul_n, repeats=3, on_step=step)
-    result["matmul"] = matmul.to_dict() | {"threads": "numpy BLAS default (all cores)"}
+    pinned = None if settings.threads == cores else settings.threads  # BLAS at the engine's thread count
+    matmul = (pinned and membench.measure_matmul_flops(settings.matmul_n, repeats=3, threads=pinned, on_step=step)) or \
+        membench.measure_matmul_flops(settings.matmul_n, repeats=3, on_step=step)
+    result["matmul"] = matmul.to_dict() | {"threads": pinned or "numpy BLAS default (all cores)"}
     result["measured_flops"] = matmul.best_flops
     hardware = {
         settings.threads: measured_hardware(best_all.best_Bps, matmul.best_flops, memory_bytes, f"{settings.threads} threads"),
@@ -244,7 +247,7 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
         p_bytes, p_flops = step_work(arch, "prefill", prompt)
         result["prefill"].append({
             "threads": threads, "prompt_tokens": prompt, "runs_s": prefill_s, "median_s": ttft,
-            "tok_s": prompt / ttft, "ttft_s_predicted": default.ttft_s, "ttft_s_limit": limit.ttft_s,
+            "tok_s": prompt / ttft, "runs_spread": max(prefill_s) / min(prefill_s), "ttft_s_predicted": default.ttft_s, "ttft_s_limit": limit.ttft_s,
             "efficiency": (limit.ttft_s / ttft) if limit.ttft_s else None,
             "step_bytes": p_bytes, "step_flops": p_flops,
             "bandwidth_Bps": hw.memory_bandwidth_Bps, "flops": hw.peak_flops("fp32"),
@@ -257,6 +260,7 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
         d_bytes, d_flops = step_work(arch, "decode", context, tokens)
         return {
             "kind": kind, "threads": threads, "context_start": context, "tokens": tokens, "runs_tok_s": rates,
+            "runs_spread": max(rates) / min(rates),  # fastest ÷ slowest run: > NOISY_SPREAD flags disturbed runs
             "tok_s": measured, "tok_s_predicted": default.decode_tok_s, "tok_s_limit": limit.decode_tok_s,
             "efficiency": measured / limit.decode_tok_s, "bytes_per_token": d_bytes, "flops_per_token": d_flops,
             "regime": limit.regime, "bandwidth_Bps": hw.memory_bandwidth_Bps, "flops": hw.peak_flops("fp32"),

@@ -1,0 +1,79 @@
+"""The real engine: llama-cpp-python generates from the bundled SmolLM2-135M, and verify's figures are physical."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from speedlimit.bundled import default_gguf_path
+from speedlimit.errors import SpeedlimitError
+from speedlimit.verify import engine
+from speedlimit.verify.membench import cpu_count
+
+pytestmark = pytest.mark.engine
+
+
+def test_generation_does_not_crash() -> None:
+    """64 greedy tokens in a child process: a segfaulting llama-cpp-python build fails here with its signal."""
+    try:
+        report = engine.preflight(default_gguf_path(), n_threads=2, tokens=64)
+    except SpeedlimitError as error:
+        pytest.fail(f"llama-cpp-python could not generate 64 tokens: {error}")
+    assert report["tokens"] == 64
+    assert report["text"].strip(), "the model generated only whitespace"
+    assert report["decode_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def verify_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    from tests.verify.conftest import run_cli
+
+    out = tmp_path_factory.mktemp("verify") / "verify.json"
+    done = run_cli(["verify", "--prompt-tokens", "64", "--decode-tokens", "16", "--runs", "2", "--contexts", "64,512",
+                    "--array-mib", "64", "--json", "--out", str(out)])
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), json.loads(out.read_text())
+
+
+def test_verify_structure(verify_run: tuple[dict, dict]) -> None:
+    printed, saved = verify_run
+    assert printed == saved and saved["complete"] is True
+    for key in ("measured_bandwidth_Bps", "measured_flops", "decode_tok_s_measured", "decode_tok_s_predicted",
+                "efficiency", "prefill_tok_s_measured", "ttft_s_measured", "ttft_s_predicted", "bytes_per_token", "regime"):
+        assert isinstance(saved[key], (int, float, str)) and saved[key] is not None, key
+    cores = cpu_count()
+    engine_info = saved["engine"]
+    assert engine_info["name"] == "llama-cpp-python" and engine_info["version"] == "0.3.36"
+    assert engine_info["threads"] == saved["threads"] == cores
+    assert engine_info["n_ctx"] >= 512 + 2 * 16
+    assert saved["model"]["file_type"] == "q4_1" and saved["model"]["path"] == str(default_gguf_path().resolve())
+    contexts = [p for p in saved["decode"] if p["kind"] == "context"]
+    assert [p["context_start"] for p in contexts] == [64, 512]
+    assert all(len(p["runs_tok_s"]) == 2 for p in saved["decode"])
+    threads = {p["threads"] for p in saved["decode"] if p["kind"] == "base"}
+    assert threads == ({cores, 1} if cores > 1 else {1})
+
+
+def test_verify_is_physical(verify_run: tuple[dict, dict]) -> None:
+    _, result = verify_run
+    bandwidth, flops = result["measured_bandwidth_Bps"], result["measured_flops"]
+    assert 1e8 < bandwidth < 1e12, "bandwidth outside 0.1 GB/s .. 1 TB/s"
+    assert 1e8 < flops < 1e14, "fp32 matmul outside 0.1 GFLOP/s .. 100 TFLOP/s"
+    assert 0 < result["efficiency"] <= 1.2
+    measured, bytes_per_token = result["decode_tok_s_measured"], result["bytes_per_token"]
+    # a decode step streams the weights: tokens/s cannot beat bandwidth ÷ bytes (20 % slack for noise and caches)
+    assert measured <= 1.2 * bandwidth / bytes_per_token
+    # ... and the reported efficiency is exactly that: measured = efficiency × roofline limit
+    assert measured == pytest.approx(result["efficiency"] * result["decode_tok_s_limit"], rel=1e-9)
+    memory_roof = bandwidth / bytes_per_token
+    compute_roof = flops / result["flops_per_token"]
+    assert result["decode_tok_s_limit"] == pytest.approx(min(memory_roof, compute_roof), rel=0.02)
+    assert result["regime"] == ("memory" if memory_roof < compute_roof else "compute")
+    assert 90e6 < bytes_per_token < 130e6  # SmolLM2-135M Q4_1: ~98 MB of weights + a small KV cache
+    contexts = [p for p in result["decode"] if p["kind"] == "context"]
+    assert contexts[1]["bytes_per_token"] > contexts[0]["bytes_per_token"]  # the KV-cache term shows
+    for point in result["decode"]:
+        assert 0 < point["efficiency"] <= 1.5, point
+    assert result["prefill_tok_s_measured"] > 0 and result["ttft_s_measured"] > 0
