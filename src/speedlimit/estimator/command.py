@@ -90,7 +90,7 @@ def estimate_command(
         bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, usd_per_hour=usd_per_hour,
     )  # fmt: skip
     result = estimate(model, device, **kwargs)
-    if result.fits is False and not allow_no_fit:
+    if result.fits is False and not (allow_no_fit or ideal):  # ideal is the seed formula: no memory model
         raise SpeedlimitError(_does_not_fit(result))
     if plot is not None:
         from speedlimit.report import plot_estimate  # matplotlib only when asked
