@@ -34,10 +34,6 @@ class WeightBytes:
     expert: float  # one routed expert, summed over all MoE layers
     file_type: str = ""
 
-    @property
-    def total(self) -> float:
-        return self.embedding + self.lm_head + self.dense
-
 
 @dataclass(frozen=True)
 class Architecture:
@@ -99,6 +95,31 @@ class Architecture:
 
     def kv_elements_per_token(self) -> float:
         return self.kv_elements_per_token_global + self.kv_elements_per_token_local
+
+
+def attention_per_layer(n_heads: int, n_kv_heads: int, key_dim: int, value_dim: int, kv_lora_rank: int = 0, rope_dim: int = 0) -> tuple[int, int, str]:
+    """(KV elements stored per token, attention FLOPs per context token, kind) for one layer.
+
+    MLA stores one compressed latent plus the shared RoPE key per token, and with absorbed
+    projections scores over (latent + rope) and reads values from the latent. Standard attention
+    stores K and V for every KV head and does QK^T and softmax·V (2 FLOPs per multiply-add).
+    """
+    if kv_lora_rank:
+        return kv_lora_rank + rope_dim, 2 * n_heads * (kv_lora_rank + rope_dim) + 2 * n_heads * kv_lora_rank, "mla"
+    kind = "mha" if n_kv_heads == n_heads else ("mqa" if n_kv_heads == 1 else "gqa")
+    return n_kv_heads * (key_dim + value_dim), 2 * n_heads * (key_dim + value_dim), kind
+
+
+def layered_attention(n_layers: int, n_local: int, window: int, kv_per_layer: int, flops_per_layer: int) -> dict[str, Any]:
+    """The `Architecture` attention fields for ``n_local`` sliding-window layers out of ``n_layers``."""
+    n_global = n_layers - n_local
+    return {
+        "kv_elements_per_token_global": float(n_global * kv_per_layer),
+        "kv_elements_per_token_local": float(n_local * kv_per_layer),
+        "sliding_window": window if n_local else 0,
+        "attn_flops_per_ctx_global": float(n_global * flops_per_layer),
+        "attn_flops_per_ctx_local": float(n_local * flops_per_layer),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,18 +255,14 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
             q_params = hidden * n_heads * q_head
         kv_params = hidden * (kv_lora_rank + rope_dim) + kv_lora_rank + kv_lora_rank * n_heads * (nope_dim + v_head_dim)
         attn_params = q_params + kv_params + n_heads * v_head_dim * hidden
-        # One latent (kv_lora_rank) plus the shared RoPE key per token per layer.
-        kv_elements_per_layer = kv_lora_rank + rope_dim
-        # Decode with absorbed projections: scores over (latent + rope), values over the latent.
-        attn_flops_per_ctx_layer = 2 * n_heads * (kv_lora_rank + rope_dim) + 2 * n_heads * kv_lora_rank
-        attention = "mla"
     else:
+        rope_dim = 0
         attn_params = hidden * n_heads * head_dim + 2 * hidden * n_kv_heads * head_dim + n_heads * head_dim * hidden
         if config.get("attention_bias") or model_type in _QKV_BIAS_TYPES:
             attn_params += n_heads * head_dim + 2 * n_kv_heads * head_dim
-        kv_elements_per_layer = 2 * n_kv_heads * head_dim
-        attn_flops_per_ctx_layer = 4 * n_heads * head_dim  # QK^T and softmax·V, 2 FLOPs per MAC
-        attention = "mha" if n_kv_heads == n_heads else ("mqa" if n_kv_heads == 1 else "gqa")
+    kv_elements_per_layer, attn_flops_per_ctx_layer, attention = attention_per_layer(
+        n_heads, n_kv_heads, head_dim, head_dim, kv_lora_rank, rope_dim
+    )
     norm_params_per_layer = 2 * hidden
 
     # --- MLP / experts ----------------------------------------------------------------------
@@ -277,7 +294,6 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
     dense_params += hidden  # final norm
 
     n_local, window = _local_layer_count(config, model_type, n_layers)
-    n_global = n_layers - n_local
     embedding = vocab * hidden
     return Architecture(
         name=name or str(config.get("_name_or_path") or model_type or "config"),
@@ -293,11 +309,7 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        kv_elements_per_token_global=float(n_global * kv_elements_per_layer),
-        kv_elements_per_token_local=float(n_local * kv_elements_per_layer),
-        sliding_window=window if n_local else 0,
-        attn_flops_per_ctx_global=float(n_global * attn_flops_per_ctx_layer),
-        attn_flops_per_ctx_local=float(n_local * attn_flops_per_ctx_layer),
+        **layered_attention(n_layers, n_local, window, kv_elements_per_layer, attn_flops_per_ctx_layer),
         attention=attention,
         max_context=int(config.get("max_position_embeddings") or 0),
         source=source,

@@ -13,7 +13,7 @@ from typing import Any
 
 import gguf
 
-from speedlimit.architecture import Architecture, WeightBytes
+from speedlimit.architecture import Architecture, WeightBytes, attention_per_layer, layered_attention
 from speedlimit.errors import SpeedlimitError
 
 
@@ -89,19 +89,12 @@ def architecture_from_gguf(path: Path) -> Architecture:
     else:
         experts_per_token = 0
 
-    if kv_lora_rank:
-        rope_dim = int(meta("rope.dimension_count", 64))
-        kv_per_layer = kv_lora_rank + rope_dim
-        attn_flops_per_layer = 2 * n_heads * (kv_lora_rank + rope_dim) + 2 * n_heads * kv_lora_rank
-        attention = "mla"
-    else:
-        kv_per_layer = n_kv_heads * (key_length + value_length)
-        attn_flops_per_layer = 2 * n_heads * (key_length + value_length)
-        attention = "mha" if n_kv_heads == n_heads else ("mqa" if n_kv_heads == 1 else "gqa")
+    kv_per_layer, attn_flops_per_layer, attention = attention_per_layer(
+        n_heads, n_kv_heads, key_length, value_length, kv_lora_rank, int(meta("rope.dimension_count", 64))
+    )
     # GGUF marks sliding-window models by window size; layer patterns are per-architecture in llama.cpp.
     local_fraction = {"gemma2": 0.5, "gemma3": 5 / 6, "gpt-oss": 0.5, "gpt_oss": 0.5}.get(arch, 1.0 if window else 0.0)
     n_local = round(n_layers * local_fraction) if window else 0
-    n_global = n_layers - n_local
     main_type = types.most_common(1)[0][0] if types else ""
     file_type = _file_type_name(_field(reader, "general.file_type")) or main_type
     return Architecture(
@@ -118,11 +111,7 @@ def architecture_from_gguf(path: Path) -> Architecture:
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=key_length,
-        kv_elements_per_token_global=float(n_global * kv_per_layer),
-        kv_elements_per_token_local=float(n_local * kv_per_layer),
-        sliding_window=window if n_local else 0,
-        attn_flops_per_ctx_global=float(n_global * attn_flops_per_layer),
-        attn_flops_per_ctx_local=float(n_local * attn_flops_per_layer),
+        **layered_attention(n_layers, n_local, window, kv_per_layer, attn_flops_per_layer),
         attention=attention,
         max_context=int(meta("context_length", 0)),
         source=str(path),

@@ -84,6 +84,13 @@ def test_malformed_config_json(tmp_path, content):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_compute_dtype_picks_the_flops_column():
+    bf16 = estimate("llama-3.1-70b", "h100-sxm", tp=4, batch=64, prompt=4096)
+    fp8 = estimate("llama-3.1-70b", "h100-sxm", tp=4, batch=64, prompt=4096, compute="fp8")
+    assert fp8.flops == pytest.approx(2 * bf16.flops, rel=1e-3) and fp8.ttft_s < bf16.ttft_s
+    assert run_cli("estimate", "-m", "7B", "-H", "h100-sxm", "--compute", "fp7").returncode == 2
+
+
 def test_allow_no_fit_reports_anyway():
     out = runner.invoke(app, ["estimate", "-m", "llama-3.1-405b", "-H", "h100-sxm", "--allow-no-fit", "--json"])
     assert out.exit_code == 0 and json.loads(out.output)["fits"] is False

@@ -23,6 +23,8 @@ from speedlimit.precision import Precision, parse_precision
 MAX_BATCH = 10_000_000
 MAX_TOKENS = 100_000_000
 MAX_TP = 4096
+# The peak-FLOPs columns a matmul can run at (hardware.toml `flops` keys).
+COMPUTE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4", "int4")
 
 
 class Estimate(BaseModel):
@@ -172,6 +174,7 @@ def estimate(
     *,
     weights: str | float | None = None,
     kv: str | float = "fp16",
+    compute: str | None = None,
     batch: int = 1,
     prompt: int = 512,
     output: int = 256,
@@ -186,7 +189,8 @@ def estimate(
 
     ``model``: catalog name, path to config.json or .gguf, bare size ("7B"), or an `Architecture`.
     ``hardware``: catalog name, calibrated profile name, or a `Hardware`. ``weights``: bits or a
-    format name; None means the GGUF file's exact bytes, else bf16. ``ideal``: the seed formula.
+    format name; None means the GGUF file's exact bytes, else bf16. ``compute``: the FLOPs column the
+    matmuls run at (default: bf16, or fp8/fp32 for those weights). ``ideal``: the seed formula.
     """
     arch = model if isinstance(model, Architecture) else resolve_model(model)
     device = hardware if isinstance(hardware, Hardware) else resolve_hardware(hardware)
@@ -212,6 +216,10 @@ def estimate(
     cost, bits = cost_model(arch, weight_precision, kv_precision)
     weights_name = weight_precision.name if weight_precision else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
     compute_dtype = weight_precision.compute_dtype if weight_precision else "bf16"
+    if compute is not None:
+        compute_dtype = str(compute).strip().lower()
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise SpeedlimitError(f"--compute must be one of {', '.join(COMPUTE_DTYPES)}, got {compute!r}")
     if ideal:
         cost = ideal_cost_model(cost, arch)
     machine = machine_for(device, efficiency, compute_dtype, tp, ideal)

@@ -71,6 +71,7 @@ def estimate_command(
     memory: Annotated[str | None, typer.Option(help="Custom hardware: memory capacity, bytes (80e9, 80GB).")] = None,
     weights: Annotated[str | None, typer.Option(help="Weight format: bits (16, 8, 4) or fp16/bf16/fp8/int8/int4/nf4/q4_0/q8_0/q4_k…")] = None,
     kv: Annotated[str, typer.Option(help="KV-cache format: fp16, bf16, fp8, int8, int4.")] = "fp16",
+    compute: Annotated[str | None, typer.Option(help="Compute dtype of the matmuls: fp32, tf32, bf16, fp16, fp8, int8, fp4.")] = None,
     batch: Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")] = 1,
     prompt: Annotated[int, typer.Option("--prompt", "-p", help="Prompt tokens per sequence.")] = 512,
     output: Annotated[int, typer.Option("--output", "-o", help="Generated tokens per sequence.")] = 256,
@@ -86,7 +87,7 @@ def estimate_command(
     """Predict TTFT, inter-token latency, tok/s, throughput and memory for one configuration."""
     device = _hardware_arg(hardware, profile, bandwidth, flops, memory)
     kwargs = dict(
-        weights=weights, kv=kv, batch=batch, prompt=prompt, output=output, tp=tp, ideal=ideal,
+        weights=weights, kv=kv, compute=compute, batch=batch, prompt=prompt, output=output, tp=tp, ideal=ideal,
         bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, usd_per_hour=usd_per_hour,
     )  # fmt: skip
     result = estimate(model, device, **kwargs)
