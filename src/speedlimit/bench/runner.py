@@ -183,14 +183,18 @@ class BenchRunner:
     async def __aenter__(self) -> "BenchRunner":
         raise_open_file_limit()
         self.session = make_session()
-        if self.preflight:
-            self.served_models = await check_server(self.session, self.endpoint)
-            if self.endpoint.model is None:
-                if not self.served_models:
-                    raise SpeedlimitError(f"{self.endpoint.base_url}/models lists no model: pass --model NAME")
-                self.endpoint.model = self.served_models[0]
-            self.tokenizer = await probe_tokenizer(self.session, self.endpoint.root_url, self.endpoint.model,
-                                                   self.endpoint.headers)
+        try:
+            if self.preflight:
+                self.served_models = await check_server(self.session, self.endpoint)
+                if self.endpoint.model is None:
+                    if not self.served_models:
+                        raise SpeedlimitError(f"{self.endpoint.base_url}/models lists no model: pass --model NAME")
+                    self.endpoint.model = self.served_models[0]
+                self.tokenizer = await probe_tokenizer(self.session, self.endpoint.root_url, self.endpoint.model,
+                                                       self.endpoint.headers)
+        except BaseException:  # __aexit__ does not run when __aenter__ fails: close the session here
+            await self.session.close()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
