@@ -37,6 +37,16 @@ def _normalize(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
+def _alias_map(entries: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Normalized slug and every alias → the catalog key."""
+    aliases: dict[str, str] = {}
+    for key, entry in entries.items():
+        aliases[_normalize(key)] = key
+        for alias in entry.get("aliases", []):
+            aliases[_normalize(alias)] = key
+    return aliases
+
+
 # --------------------------------------------------------------------------------------------
 # models
 
@@ -49,12 +59,7 @@ def model_entries() -> dict[str, dict[str, Any]]:
 
 @cache
 def _model_aliases() -> dict[str, str]:
-    aliases: dict[str, str] = {}
-    for key, entry in model_entries().items():
-        aliases[_normalize(key)] = key
-        for alias in entry.get("aliases", []):
-            aliases[_normalize(alias)] = key
-    return aliases
+    return _alias_map(model_entries())
 
 
 @cache
@@ -113,12 +118,7 @@ def hardware_entries() -> dict[str, dict[str, Any]]:
 
 @cache
 def _hardware_aliases() -> dict[str, str]:
-    aliases: dict[str, str] = {}
-    for key, entry in hardware_entries().items():
-        aliases[_normalize(key)] = key
-        for alias in entry.get("aliases", []):
-            aliases[_normalize(alias)] = key
-    return aliases
+    return _alias_map(hardware_entries())
 
 
 @cache
