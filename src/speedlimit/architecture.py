@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from speedlimit.errors import SpeedlimitError
@@ -332,7 +332,3 @@ def _moe_layer_indices(config: dict[str, Any], model_type: str, n_layers: int) -
             continue
         layers.append(i)
     return layers
-
-
-def with_weight_bytes(arch: Architecture, weight_bytes: WeightBytes) -> Architecture:
-    return replace(arch, weight_bytes=weight_bytes)

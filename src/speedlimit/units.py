@@ -29,22 +29,22 @@ def parse_quantity(text: str | float, what: str) -> float:
     return value
 
 
-def format_bytes(value: float | None) -> str:
+def _scaled(value: float | None, units: tuple[tuple[str, float], ...], plain: str) -> str:
+    """``value`` in the largest unit it reaches, two decimals; ``plain`` suffix below the smallest."""
     if value is None or not math.isfinite(value):
         return "—"
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    for unit, scale in units:
         if abs(value) >= scale:
             return f"{value / scale:,.2f} {unit}"
-    return f"{value:,.0f} B"
+    return f"{value:,.0f}{plain}"
+
+
+def format_bytes(value: float | None) -> str:
+    return _scaled(value, (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)), " B")
 
 
 def format_count(value: float | None) -> str:
-    if value is None or not math.isfinite(value):
-        return "—"
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:,.2f} {unit}"
-    return f"{value:,.0f}"
+    return _scaled(value, (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)), "")
 
 
 def format_seconds(value: float | None) -> str:
