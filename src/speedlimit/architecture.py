@@ -3,7 +3,8 @@
 This module owns the translation from a Hugging Face ``config.json`` (dict), a bare size such as
 ``"7B"``, or GGUF metadata into an `Architecture`: parameter groups (embedding, LM head, always-read
 dense weights, routed experts), the KV-cache elements stored per token (GQA/MQA heads, MLA's
-compressed latent, sliding-window layers) and the attention FLOPs per context token. It is pure:
+compressed latent, sliding-window layers), the attention FLOPs per context token and the number of
+kernels one decode step launches (`decode_kernels_per_step`). It is pure:
 reading files happens in `speedlimit.catalog` and `speedlimit.gguf_model`.
 """
 
@@ -22,6 +23,8 @@ _UNGATED_MLP_TYPES = {"gpt2", "gpt_neox", "gptj", "opt", "falcon", "phi", "bloom
 _TIED_BY_DEFAULT_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "smollm3"}
 # Model types that put biases on q/k/v.
 _QKV_BIAS_TYPES = {"qwen2", "qwen2_moe"}
+# Model types that RMS-normalise q and k per head before RoPE.
+_QK_NORM_TYPES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "olmoe"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class Architecture:
     attn_flops_per_ctx_local: float = 0.0
     attention: str = "unknown"  # mha | gqa | mqa | mla | unknown
     max_context: int = 0
+    decode_kernels: float = 0.0  # kernels one decode step launches (0: unknown, e.g. a bare size)
     source: str = ""
     weight_bytes: WeightBytes | None = field(default=None, compare=False)
 
@@ -120,6 +124,54 @@ def layered_attention(n_layers: int, n_local: int, window: int, kv_per_layer: in
         "attn_flops_per_ctx_global": float(n_global * flops_per_layer),
         "attn_flops_per_ctx_local": float(n_local * flops_per_layer),
     }
+
+
+# --------------------------------------------------------------------------------------------
+# kernels per decode step
+#
+# Each op of a decode step is one kernel launch, and at batch 1 the small kernels cost more in
+# launch and drain time than in data (see catalog/efficiency.toml, kernel_overhead_s). The counts
+# are llama.cpp's decode graph, one compute node per kernel (views and reshapes launch nothing),
+# read with GGML_SCHED_DEBUG=2 from tiny synthetic GGUFs of each family by
+# `python benchmarks/kernel_counts.py` (llama-cpp-python 0.3.36); tests/verify/test_kernel_counts.py
+# checks them against the engine. Other engines fuse more or less, but the structure is the same.
+STEP_KERNELS = 6  # token embedding gather, final norm + scale, LM head, output-row gathers
+DENSE_LAYER_KERNELS = 22  # 2 x (rms_norm, mul), q/k/v/o, 2 rope, 2 KV-cache writes, QK, softmax, PV, cont, gate/up, swiglu, down, 2 adds
+QK_NORM_KERNELS = 4  # rms_norm + mul on q and on k (Qwen3, Gemma 3, OLMo 2)
+# An MoE layer swaps the 3 MLP matvecs for the router matvec + 3 expert-indexed matvecs
+# (mul_mat_id) and adds softmax, argsort (top-k), gather of the weights, the weighting mul and
+# k - 1 adds that sum the experts: 4 + k more kernels than a dense layer.
+MOE_LAYER_EXTRA_KERNELS = 4
+MOE_TOPK_NORM_KERNELS = 3  # sum_rows, clamp, div: renormalising the top-k weights (Mixtral, Qwen3-MoE, DeepSeek)
+MOE_EXPERT_BIAS_KERNELS = 4  # gpt-oss: 3 expert-bias adds (add_id) + the router bias
+# Shared experts (DeepSeek, Qwen-MoE) are counted from llama.cpp's graph code, not measured:
+# kernel_counts.py has no such family, and DeepSeek's MLA attention runs more ops than counted here.
+SHARED_EXPERT_KERNELS = 5  # gate, up, swiglu, down, add
+SHARED_EXPERT_GATE_KERNELS = 3  # Qwen-MoE's gate on the shared expert: matvec, sigmoid, mul
+
+
+def decode_kernels_per_step(
+    n_layers: int,
+    *,
+    n_moe_layers: int = 0,
+    experts_per_token: int = 0,
+    qk_norm: bool = False,
+    attention_bias_tensors: int = 0,
+    normalize_topk: bool = True,
+    expert_bias: bool = False,
+    shared_expert: bool = False,
+    shared_expert_gate: bool = False,
+) -> float:
+    """Kernels one decode step launches: per-layer ops (dense or MoE) plus the step's own."""
+    if n_layers <= 0:
+        return 0.0
+    layer = DENSE_LAYER_KERNELS + (QK_NORM_KERNELS if qk_norm else 0) + attention_bias_tensors
+    moe_extra = MOE_LAYER_EXTRA_KERNELS + experts_per_token
+    moe_extra += MOE_TOPK_NORM_KERNELS if normalize_topk else 0
+    moe_extra += MOE_EXPERT_BIAS_KERNELS if expert_bias else 0
+    moe_extra += SHARED_EXPERT_KERNELS if shared_expert else 0
+    moe_extra += SHARED_EXPERT_GATE_KERNELS if shared_expert_gate else 0
+    return float(STEP_KERNELS + n_layers * layer + n_moe_layers * moe_extra)
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,6 +294,7 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
     mlp_matrices = 2 if model_type in _UNGATED_MLP_TYPES else 3
 
     # --- attention ------------------------------------------------------------------------
+    attention_bias_tensors = 0
     kv_lora_rank = int(config.get("kv_lora_rank") or 0)
     if kv_lora_rank:  # DeepSeek multi-head latent attention
         q_lora_rank = int(config.get("q_lora_rank") or 0)
@@ -260,6 +313,8 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         attn_params = hidden * n_heads * head_dim + 2 * hidden * n_kv_heads * head_dim + n_heads * head_dim * hidden
         if config.get("attention_bias") or model_type in _QKV_BIAS_TYPES:
             attn_params += n_heads * head_dim + 2 * n_kv_heads * head_dim
+        # bias adds: q, k, v and o with attention_bias; q, k, v only for Qwen2's built-in biases
+        attention_bias_tensors = 4 if config.get("attention_bias") else (3 if model_type in _QKV_BIAS_TYPES else 0)
     kv_elements_per_layer, attn_flops_per_ctx_layer, attention = attention_per_layer(
         n_heads, n_kv_heads, head_dim, head_dim, kv_lora_rank, rope_dim
     )
@@ -286,12 +341,26 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         router = hidden * n_experts
         moe_layers = _moe_layer_indices(config, model_type, n_layers)
         n_moe = len(moe_layers)
+        shared_expert = bool(shared)
         dense_params = n_layers * (attn_params + norm_params_per_layer) + (n_layers - n_moe) * dense_mlp + n_moe * (shared + router)
         expert_params = float(n_moe * expert_layer_params)
     else:
         dense_params = n_layers * (attn_params + norm_params_per_layer + dense_mlp)
         expert_params = 0.0
+        n_moe, shared_expert = 0, False
     dense_params += hidden  # final norm
+    decode_kernels = decode_kernels_per_step(
+        n_layers,
+        n_moe_layers=n_moe,
+        experts_per_token=experts_per_token,
+        qk_norm=model_type in _QK_NORM_TYPES,
+        attention_bias_tensors=attention_bias_tensors,
+        # gpt-oss softmaxes the selected logits instead; Qwen-MoE configs say norm_topk_prob
+        normalize_topk=model_type != "gpt_oss" and bool(config.get("norm_topk_prob", True)),
+        expert_bias=model_type == "gpt_oss",
+        shared_expert=shared_expert,
+        shared_expert_gate=shared_expert and model_type.startswith("qwen2_moe"),
+    )
 
     n_local, window = _local_layer_count(config, model_type, n_layers)
     embedding = vocab * hidden
@@ -312,6 +381,7 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         **layered_attention(n_layers, n_local, window, kv_elements_per_layer, attn_flops_per_ctx_layer),
         attention=attention,
         max_context=int(config.get("max_position_embeddings") or 0),
+        decode_kernels=decode_kernels,
         source=source,
     )
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import gguf
 
-from speedlimit.architecture import Architecture, WeightBytes, attention_per_layer, layered_attention
+from speedlimit.architecture import Architecture, WeightBytes, attention_per_layer, decode_kernels_per_step, layered_attention
 from speedlimit.errors import SpeedlimitError
 
 
@@ -63,6 +63,7 @@ def architecture_from_gguf(path: Path) -> Architecture:
     kv_lora_rank = int(meta("attention.kv_lora_rank", 0))
     window = int(meta("attention.sliding_window", 0))
 
+    names = {tensor.name for tensor in reader.tensors}
     embedding = lm_head = dense = experts = 0.0
     embedding_bytes = lm_head_bytes = dense_bytes = expert_bytes = 0.0
     types: Counter[str] = Counter()
@@ -96,6 +97,21 @@ def architecture_from_gguf(path: Path) -> Architecture:
     local_fraction = {"gemma2": 0.5, "gemma3": 5 / 6, "gpt-oss": 0.5, "gpt_oss": 0.5}.get(arch, 1.0 if window else 0.0)
     n_local = round(n_layers * local_fraction) if window else 0
     main_type = types.most_common(1)[0][0] if types else ""
+    # kernels per decode step, from which tensors exist (layer 0 stands for all; MoE layers counted)
+    n_moe_layers = sum(1 for i in range(n_layers) if f"blk.{i}.ffn_gate_inp.weight" in names) if n_experts else 0
+    normalize = _field(reader, f"{arch}.expert_weights_norm")
+    decode_kernels = decode_kernels_per_step(
+        n_layers,
+        n_moe_layers=n_moe_layers,
+        experts_per_token=experts_per_token,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        attention_bias_tensors=sum(f"blk.0.attn_{t}.bias" in names for t in ("q", "k", "v", "output")),
+        # llama.cpp renormalises the top-k weights unless the file says not to (gpt-oss and Qwen2-MoE never do)
+        normalize_topk=bool(normalize) if normalize is not None else arch not in ("gpt-oss", "qwen2moe"),
+        expert_bias=any(f"blk.{i}.ffn_up_exps.bias" in names for i in range(n_layers)),
+        shared_expert=any(f"blk.{i}.ffn_up_shexp.weight" in names for i in range(n_layers)),
+        shared_expert_gate=any(f"blk.{i}.ffn_gate_inp_shexp.weight" in names for i in range(n_layers)),
+    )
     file_type = _file_type_name(_field(reader, "general.file_type")) or main_type
     return Architecture(
         name=str(_field(reader, "general.name") or Path(path).stem),
@@ -114,6 +130,7 @@ def architecture_from_gguf(path: Path) -> Architecture:
         **layered_attention(n_layers, n_local, window, kv_per_layer, attn_flops_per_layer),
         attention=attention,
         max_context=int(meta("context_length", 0)),
+        decode_kernels=decode_kernels,
         source=str(path),
         weight_bytes=WeightBytes(
             embedding=embedding_bytes, lm_head=lm_head_bytes, dense=dense_bytes, expert=expert_bytes, file_type=file_type

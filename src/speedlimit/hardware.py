@@ -88,12 +88,12 @@ class Efficiency(BaseModel):
     bw_efficiency: float = Field(gt=0, le=1.0)
     flops_efficiency: float = Field(gt=0, le=1.0)
     step_overhead_s: float = Field(ge=0, le=1.0)
-    layer_overhead_s: float = Field(default=0.0, ge=0, le=0.1)  # per decoder layer per step (kernel launches)
+    kernel_overhead_s: float = Field(default=0.0, ge=0, le=0.01)  # per kernel launched per step (launch + drain)
     basis: str = ""
 
-    def overhead_s(self, n_layers: int) -> float:
-        """Fixed cost of one forward step of a model with ``n_layers`` decoder layers."""
-        return self.step_overhead_s + self.layer_overhead_s * n_layers
+    def overhead_s(self, kernels: float) -> float:
+        """Fixed cost of one forward step that launches ``kernels`` kernels (`Architecture.decode_kernels`)."""
+        return self.step_overhead_s + self.kernel_overhead_s * kernels
 
 
 def custom_hardware(bandwidth_Bps: float, flops: float | None = None, memory_bytes: float | None = None) -> Hardware:

@@ -76,9 +76,23 @@ def test_ape_and_summary(score):
     assert score.summary([1.0, 2.0, 9.0]) == (2.0, 4.0)
 
 
-def test_fit_recovers_known_parameters(score):
+def test_fit_recovers_a_known_kernel_cost(score):
     import numpy as np
 
     t_peak = np.array([0.002, 0.005, 0.02, 0.05])
-    measured = 1.0 / (t_peak / 0.7 + 0.003)
-    assert score.fit_kind(t_peak, measured) == pytest.approx((0.7, 0.003))
+    kernels = np.array([700.0, 700.0, 1800.0, 1800.0])
+    bw = np.full(4, 0.8)
+    inputs = score.FitInputs(
+        t_peak_s=t_peak, kernels=kernels, bw_efficiency=bw, measured_tok_s=1.0 / (t_peak / bw + 4.2e-6 * kernels),
+        kinds=np.array(["apple"] * 4), folds=np.array(["A", "A", "B", "B"]),
+    )  # fmt: skip
+    assert score.fit_kernel_cost_s(inputs, np.ones(4, bool)) == pytest.approx(4.2e-6)
+    assert score.fold_fits(inputs) == {"A": {"apple": pytest.approx(4.2e-6)}, "B": {"apple": pytest.approx(4.2e-6)}}
+    assert inputs.predict_tok_s({"apple": 4.2e-6}) == pytest.approx(inputs.measured_tok_s)
+
+
+def test_shipped_fitted_kernel_cost_is_the_fold_a_fit(score, capsys):
+    """The catalog's fitted per-kernel costs must be what score.py fits on fold A (it exits 1 otherwise)."""
+    assert score.main(["--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out fold B" in out and "MISMATCH" not in out

@@ -168,17 +168,17 @@ def default_efficiency(hardware: Hardware) -> Efficiency:
     """The achievable-fraction defaults for a device: its own fields (a calibrated profile) over its kind's.
 
     A record that sets its own ``step_overhead_s`` (a calibrated profile measured the whole per-step
-    cost) drops the kind's per-layer term unless it sets ``layer_overhead_s`` too.
+    cost) drops the kind's per-kernel term unless it sets ``kernel_overhead_s`` too.
     """
     table = efficiency_defaults()
     row = dict(table.get(hardware.kind) or table["gpu"])
     own = hardware.model_extra or {}
     if "step_overhead_s" in own:
-        row["layer_overhead_s"] = 0.0
+        row["kernel_overhead_s"] = 0.0
     if own.get("calibrated_at"):
         row["basis"] = f"calibrated {own['calibrated_at'][:10]} from {', '.join(map(str, own.get('calibrated_from', [])))}"
-    for field in ("bw_efficiency", "flops_efficiency", "step_overhead_s", "layer_overhead_s", "basis"):
+    fields = ("bw_efficiency", "flops_efficiency", "step_overhead_s", "kernel_overhead_s", "basis")
+    for field in fields:
         if own.get(field) is not None:
             row[field] = own[field]
-    fields = ("bw_efficiency", "flops_efficiency", "step_overhead_s", "layer_overhead_s", "basis")
     return Efficiency(**{k: row[k] for k in fields if k in row})

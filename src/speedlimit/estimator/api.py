@@ -72,6 +72,7 @@ class Estimate(BaseModel):
     bw_efficiency: float
     flops_efficiency: float
     step_overhead_s: float
+    kernels_per_step: float  # kernels one decode step launches (what the default overhead is charged on)
     efficiency_basis: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,8 +209,8 @@ def estimate(
     efficiency = Efficiency(
         bw_efficiency=_check_fraction("bw-efficiency", bw_efficiency) or defaults.bw_efficiency,
         flops_efficiency=_check_fraction("flops-efficiency", flops_efficiency) or defaults.flops_efficiency,
-        # an explicit overhead is the whole per-step cost; otherwise fixed + per-layer defaults
-        step_overhead_s=defaults.overhead_s(arch.n_layers) if step_overhead_s is None else step_overhead_s,
+        # an explicit overhead is the whole per-step cost; otherwise fixed + per-kernel defaults
+        step_overhead_s=defaults.overhead_s(arch.decode_kernels) if step_overhead_s is None else step_overhead_s,
         basis=defaults.basis if bw_efficiency is None and flops_efficiency is None and step_overhead_s is None else "overridden",
     )
 
@@ -278,5 +279,6 @@ def estimate(
         bw_efficiency=1.0 if ideal else efficiency.bw_efficiency,
         flops_efficiency=1.0 if ideal else efficiency.flops_efficiency,
         step_overhead_s=0.0 if ideal else efficiency.step_overhead_s,
+        kernels_per_step=arch.decode_kernels,
         efficiency_basis="ideal: peak bandwidth and FLOPs, weights only" if ideal else efficiency.basis,
     )

@@ -232,6 +232,7 @@ def models_command(as_json: Annotated[bool, typer.Option("--json")] = False) -> 
                 "params": arch.total_params,
                 "active_params": arch.active_params,
                 "layers": arch.n_layers,
+                "kernels_per_step": arch.decode_kernels,
                 "attention": arch.attention,
                 "kv_heads": arch.n_kv_heads,
                 "experts": f"{arch.experts_per_token}/{arch.n_experts}" if arch.is_moe else "",

@@ -85,13 +85,13 @@ def sweep_arrays(
     tp = int(_check_axis("tp", [tp], 1, MAX_TP)[0])
     batch = _check_axis("batch", batches, 1, MAX_BATCH).reshape(1, 1, -1, 1)
     context = _check_axis("context", contexts, 0, MAX_TOKENS).reshape(1, 1, 1, -1)
-    costs, dtypes, layers = [], [], []
+    costs, dtypes, kernels = [], [], []
     for arch in models:
         for precision in precisions:
             cost, _ = cost_model(arch, precision, kv_precision)
             costs.append(ideal_cost_model(cost, arch) if ideal else cost)
             dtypes.append(precision.compute_dtype)
-            layers.append(arch.n_layers)
+            kernels.append(arch.decode_kernels)
     cost = _stack(costs, (-1, 1, 1, 1))
     efficiencies = [default_efficiency(h) for h in hardware]
     flops = np.array([[h.peak_flops(d) for h in hardware] for d in dtypes]).reshape(len(costs), -1, 1, 1)
@@ -99,10 +99,7 @@ def sweep_arrays(
     machine = core.Machine(
         bandwidth_Bps=np.array([h.memory_bandwidth_Bps * scale(e.bw_efficiency) for h, e in zip(hardware, efficiencies)]).reshape(1, -1, 1, 1),
         flops=flops * np.array([scale(e.flops_efficiency) for e in efficiencies]).reshape(1, -1, 1, 1),
-        step_overhead_s=0.0
-        if ideal
-        else np.array([e.step_overhead_s for e in efficiencies]).reshape(1, -1, 1, 1)
-        + np.array(layers, dtype=float).reshape(-1, 1, 1, 1) * np.array([e.layer_overhead_s for e in efficiencies]).reshape(1, -1, 1, 1),
+        step_overhead_s=0.0 if ideal else np.array([[e.overhead_s(k) for e in efficiencies] for k in kernels]).reshape(len(kernels), -1, 1, 1),
         memory_bytes=np.array([h.memory_bytes or math.nan for h in hardware]).reshape(1, -1, 1, 1),
         link_Bps=np.array([h.interconnect_Bps or math.nan for h in hardware]).reshape(1, -1, 1, 1),
         tp=float(tp),

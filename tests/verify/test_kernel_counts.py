@@ -1,0 +1,34 @@
+"""speedlimit's kernels-per-decode-step counts match the graphs llama.cpp really runs (benchmarks/kernel_counts.py)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+pytest.importorskip("llama_cpp")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_counts.py"
+
+
+@pytest.fixture(scope="module")
+def kernel_counts():
+    spec = importlib.util.spec_from_file_location("kernel_counts", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_family_matches_the_engine_graph(kernel_counts, tmp_path):
+    for family in kernel_counts.FAMILIES:
+        count = kernel_counts.count_family(family, tmp_path)
+        assert count.per_layer["MUL_MAT"] >= 7, family.label  # the graph was really read
+        assert sum(count.per_layer.values()) == count.speedlimit_per_layer, (family.label, dict(count.per_layer))
+        assert abs(count.per_step - count.speedlimit_per_step) <= 1, family.label
+
+
+def test_moe_graph_grows_with_the_experts_per_token(kernel_counts, tmp_path):
+    top2, top8 = (next(f for f in kernel_counts.FAMILIES if f.label == label) for label in ("qwen3moe (top-2 of 16)", "qwen3moe (top-8 of 16)"))
+    assert sum(kernel_counts.count_family(top8, tmp_path).per_layer.values()) - sum(kernel_counts.count_family(top2, tmp_path).per_layer.values()) == 6
