@@ -21,14 +21,20 @@ def kernel_counts():
     return module
 
 
-def test_every_family_matches_the_engine_graph(kernel_counts, tmp_path):
-    for family in kernel_counts.FAMILIES:
-        count = kernel_counts.count_family(family, tmp_path)
-        assert count.per_layer["MUL_MAT"] >= 7, family.label  # the graph was really read
-        assert sum(count.per_layer.values()) == count.speedlimit_per_layer, (family.label, dict(count.per_layer))
-        assert abs(count.per_step - count.speedlimit_per_step) <= 1, family.label
+@pytest.fixture(scope="module")
+def counts(kernel_counts, tmp_path_factory):
+    """Every family's engine and speedlimit counts, read once (each runs llama.cpp twice)."""
+    workdir = tmp_path_factory.mktemp("kernel-counts")
+    return {family.label: kernel_counts.count_family(family, workdir) for family in kernel_counts.FAMILIES}
 
 
-def test_moe_graph_grows_with_the_experts_per_token(kernel_counts, tmp_path):
-    top2, top8 = (next(f for f in kernel_counts.FAMILIES if f.label == label) for label in ("qwen3moe (top-2 of 16)", "qwen3moe (top-8 of 16)"))
-    assert sum(kernel_counts.count_family(top8, tmp_path).per_layer.values()) - sum(kernel_counts.count_family(top2, tmp_path).per_layer.values()) == 6
+def test_every_family_matches_the_engine_graph(counts):
+    for label, count in counts.items():
+        assert count.per_layer["MUL_MAT"] >= 7, label  # the graph was really read
+        assert sum(count.per_layer.values()) == count.speedlimit_per_layer, (label, dict(count.per_layer))
+        assert abs(count.per_step - count.speedlimit_per_step) <= 1, label
+
+
+def test_moe_graph_grows_with_the_experts_per_token(counts):
+    top2, top8 = (sum(counts[label].per_layer.values()) for label in ("qwen3moe (top-2 of 16)", "qwen3moe (top-8 of 16)"))
+    assert top8 - top2 == 6
