@@ -12,7 +12,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from speedlimit.errors import SpeedlimitError
+from speedlimit.errors import SpeedlimitError, pydantic_message
 
 # Peak-FLOPs fallbacks: a device without a native column computes at the next one it has.
 _FLOPS_FALLBACK = {
@@ -108,13 +108,5 @@ def custom_hardware(bandwidth_Bps: float, flops: float | None = None, memory_byt
             flops={"bf16": flops} if flops is not None else {},
         )
     except ValueError as error:
-        raise SpeedlimitError(_first_pydantic_message(error)) from None
+        raise SpeedlimitError(pydantic_message(error)) from None
 
-
-def _first_pydantic_message(error: Exception) -> str:
-    errors = getattr(error, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ()))
-        return f"{where}: {first.get('msg', error)}".removeprefix(": ")
-    return str(error)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from speedlimit.artifacts import RequestRecord
 from speedlimit.bench.metrics import (
-    RequestRecord,
     distribution,
     find_knee,
     meets_slo,
@@ -30,23 +30,23 @@ def record(index, ttft, itl, *, tokens=None, error=None, prompt=10, source="usag
 
 def test_distribution_matches_hand_computed_percentiles():
     stats = distribution([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])
-    assert stats["mean"] == pytest.approx(5.5)
-    assert stats["p50"] == pytest.approx(5.5)
-    assert stats["p90"] == pytest.approx(9.1)  # linear interpolation: 1 + 0.9 * 9
-    assert stats["p99"] == pytest.approx(9.91)
-    assert (stats["min"], stats["max"], stats["n"]) == (1.0, 10.0, 10)
+    assert stats.mean == pytest.approx(5.5)
+    assert stats.p50 == pytest.approx(5.5)
+    assert stats.p90 == pytest.approx(9.1)  # linear interpolation: 1 + 0.9 * 9
+    assert stats.p99 == pytest.approx(9.91)
+    assert (stats.min, stats.max, stats.n) == (1.0, 10.0, 10)
 
 
 def test_distribution_of_nothing_is_all_none():
     stats = distribution([])
-    assert stats["n"] == 0 and stats["mean"] is None and stats["p99"] is None
+    assert stats.n == 0 and stats.mean is None and stats.p99 is None
 
 
 @given(st.lists(st.floats(min_value=0, max_value=1e3), min_size=1, max_size=50))
 def test_percentiles_are_ordered_and_bounded(values):
     stats = distribution(values)
-    assert stats["min"] <= stats["p50"] <= stats["p90"] <= stats["p95"] <= stats["p99"] <= stats["max"]
-    assert stats["min"] - 1e-9 <= stats["mean"] <= stats["max"] + 1e-9
+    assert stats.min <= stats.p50 <= stats.p90 <= stats.p95 <= stats.p99 <= stats.max
+    assert stats.min - 1e-9 <= stats.mean <= stats.max + 1e-9
 
 
 def test_tpot_spreads_decode_time_over_tokens_after_the_first():
@@ -64,23 +64,23 @@ def test_summary_counts_errors_by_kind_and_only_completed_in_latency():
         RequestRecord(index=4, error_kind="http_429", e2e_s=0.01),
     ]
     summary = summarize(records, duration_s=2.0)
-    assert summary["requests"] == 5 and summary["completed"] == 2 and summary["failed"] == 3
-    assert summary["errors"] == {"http_429": 2, "timeout": 1}
-    assert summary["ttft_s"]["mean"] == pytest.approx(0.2)
-    assert summary["itl_s"]["n"] == 4 and summary["itl_s"]["mean"] == pytest.approx(0.025)
-    assert summary["output_tokens"] == 6 and summary["output_tok_s"] == pytest.approx(3.0)
-    assert summary["prompt_tokens"] == 20 and summary["total_tok_s"] == pytest.approx(13.0)
-    assert summary["request_s"] == pytest.approx(1.0)
-    assert summary["goodput_request_s"] == pytest.approx(1.0)  # no SLO: every completed request counts
-    assert summary["token_count_source"] == "usage"
+    assert summary.requests == 5 and summary.completed == 2 and summary.failed == 3
+    assert summary.errors == {"http_429": 2, "timeout": 1}
+    assert summary.ttft_s.mean == pytest.approx(0.2)
+    assert summary.itl_s.n == 4 and summary.itl_s.mean == pytest.approx(0.025)
+    assert summary.output_tokens == 6 and summary.output_tok_s == pytest.approx(3.0)
+    assert summary.prompt_tokens == 20 and summary.total_tok_s == pytest.approx(13.0)
+    assert summary.request_s == pytest.approx(1.0)
+    assert summary.goodput_request_s == pytest.approx(1.0)  # no SLO: every completed request counts
+    assert summary.token_count_source == "usage"
     for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
-        assert {"mean", "p50", "p90", "p99"} <= set(summary[key])
+        assert {"mean", "p50", "p90", "p99"} <= set(getattr(summary, key).model_dump())
 
 
 def test_token_count_source_says_mixed_when_requests_differ():
     summary = summarize([record(0, 0.1, [0.01], source="usage"), record(1, 0.1, [0.01], source="chunks")], 1.0)
-    assert summary["token_count_source"] == "mixed"
-    assert summary["token_count_sources"] == {"usage": 1, "chunks": 1}
+    assert summary.token_count_source == "mixed"
+    assert summary.token_count_sources == {"usage": 1, "chunks": 1}
 
 
 def test_goodput_counts_only_requests_meeting_every_slo():
@@ -91,8 +91,8 @@ def test_goodput_counts_only_requests_meeting_every_slo():
     slo = parse_slo("ttft=500ms,itl=100ms")
     assert [meets_slo(r, slo) for r in (fast, slow_start, stuttering, failed)] == [True, False, False, False]
     summary = summarize([fast, slow_start, stuttering, failed], duration_s=4.0, slo=slo)
-    assert summary["goodput_requests"] == 1
-    assert summary["goodput_request_s"] == pytest.approx(0.25)
+    assert summary.goodput_requests == 1
+    assert summary.goodput_request_s == pytest.approx(0.25)
 
 
 def test_parse_slo_and_durations():

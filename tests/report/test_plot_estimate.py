@@ -7,7 +7,7 @@ import pytest
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import estimate
 from speedlimit.report import plot_estimate
-from speedlimit.report.curves import batch_curve, curve_batches, find_batch_knee, roofline
+from speedlimit.estimator.curves import batch_curve, curve_batches, find_batch_knee, roofline
 
 
 def test_plot_estimate_writes_a_png(tmp_path):

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from speedlimit.calibration import (
+from speedlimit.verify.fit import (
     CalibrationPoint,
     fit_calibration,
     load_calibration_inputs,
-    load_profile_hardware,
     predicted_step_seconds,
 )
+from speedlimit.catalog.profiles import load_profile_hardware
 from speedlimit.catalog import default_efficiency, resolve_hardware
 from speedlimit.hardware import Efficiency
 

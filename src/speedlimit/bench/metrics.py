@@ -1,6 +1,6 @@
-"""Pure metrics for `speedlimit bench`: the per-request record, percentiles, SLO/goodput, run summary, sweep knee.
+"""Pure metrics shared by bench and simulate: percentiles, SLO/goodput, the run summary of records, the sweep knee.
 
-No I/O here: everything takes hand-made numbers and returns plain dicts, so it is unit-tested with fabricated
+No I/O here: everything takes records (`speedlimit.artifacts.RequestRecord`) and returns typed artifacts, so it is unit-tested with fabricated
 timings. Definitions (seconds throughout):
 
 - TTFT: request sent -> first SSE event that carries generated text.
@@ -13,11 +13,11 @@ timings. Definitions (seconds throughout):
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from speedlimit.artifacts import Distribution, RequestRecord, RunSummary
 from speedlimit.errors import SpeedlimitError
 
 PERCENTILES = (50, 90, 95, 99)
@@ -27,60 +27,14 @@ ERROR_KINDS = ("connect", "disconnect", "truncated", "malformed_sse", "timeout",
                "http_<status>", "client")
 
 
-@dataclass
-class RequestRecord:
-    """What one request did. Timestamps are `time.perf_counter_ns()` values; durations are seconds."""
-
-    index: int
-    start_ns: int = 0
-    end_ns: int = 0
-    ttft_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
-    e2e_s: float | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    output_chunks: int = 0
-    token_count_source: str = "chunks"  # usage | tokenizer | chunks
-    prompt_token_source: str = "unknown"  # usage | tokenizer | words | unknown
-    http_status: int | None = None
-    error_kind: str | None = None
-    error_text: str | None = None
-    finish_reason: str | None = None
-    output_text: str = ""  # kept in memory for token recounting; not written to requests.jsonl
-
-    @property
-    def ok(self) -> bool:
-        return self.error_kind is None
-
-    @property
-    def tpot_s(self) -> float | None:
-        """(E2E - TTFT)/(n - 1); None when it is undefined (fewer than 2 tokens or a failed request)."""
-        if self.e2e_s is None or self.ttft_s is None or not self.output_tokens or self.output_tokens < 2:
-            return None
-        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The requests.jsonl row: every field but the output text, plus TPOT."""
-        row = asdict(self)
-        row.pop("output_text")
-        row["tpot_s"] = self.tpot_s
-        row["output_chars"] = len(self.output_text)
-        return row
-
-
-def distribution(values: Iterable[float]) -> dict[str, float | int | None]:
+def distribution(values: Iterable[float | None]) -> Distribution:
     """mean/p50/p90/p95/p99/min/max/n of `values` (linear-interpolated percentiles); None fields when empty."""
-    array = np.asarray([v for v in values if v is not None], dtype=float)
+    array = np.fromiter((v for v in values if v is not None), dtype=float)
     if array.size == 0:
-        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "min": None, "max": None, "n": 0}
+        return Distribution()
     quantiles = np.percentile(array, PERCENTILES)
-    return {
-        "mean": float(array.mean()),
-        **{f"p{p}": float(q) for p, q in zip(PERCENTILES, quantiles)},
-        "min": float(array.min()),
-        "max": float(array.max()),
-        "n": int(array.size),
-    }
+    return Distribution(mean=float(array.mean()), **{f"p{p}": float(q) for p, q in zip(PERCENTILES, quantiles)},
+                        min=float(array.min()), max=float(array.max()), n=int(array.size))
 
 
 # --- SLOs and goodput ---------------------------------------------------------------------------
@@ -145,8 +99,9 @@ def _dominant_source(sources: Sequence[str]) -> tuple[str, dict[str, int]]:
     return (next(iter(counts)) if len(counts) == 1 else "mixed"), counts
 
 
-def summarize(records: Sequence[RequestRecord], duration_s: float, slo: dict[str, float] | None = None) -> dict:
-    """The run summary (schema in docs: keys requests, completed, errors, ttft_s, ..., token_count_source)."""
+def summarize(records: Sequence[RequestRecord], duration_s: float, slo: dict[str, float] | None = None,
+              **context: Any) -> RunSummary:
+    """The run summary of these records; ``context`` fills the summary's other fields (load, endpoint, source)."""
     slo = slo or {}
     done = [r for r in records if r.ok]
     errors: dict[str, int] = {}
@@ -160,31 +115,34 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: dict[str
     token_source, token_sources = _dominant_source([r.token_count_source for r in done])
     prompt_source, prompt_sources = _dominant_source([r.prompt_token_source for r in done])
     busy_s = sum(r.e2e_s or 0.0 for r in records)
-    return {
-        "requests": len(records),
-        "completed": len(done),
-        "failed": len(records) - len(done),
-        "errors": dict(sorted(errors.items())),
-        "duration_s": duration_s,
-        "ttft_s": distribution(r.ttft_s for r in done),
-        "itl_s": distribution(gap for r in done for gap in r.itl_s),
-        "tpot_s": distribution(r.tpot_s for r in done),
-        "e2e_s": distribution(r.e2e_s for r in done),
-        "request_s": rate(len(done)),
-        "output_tok_s": rate(output_tokens),
-        "input_tok_s": rate(prompt_tokens),
-        "total_tok_s": rate(output_tokens + prompt_tokens),
-        "output_tokens": output_tokens,
-        "prompt_tokens": prompt_tokens,
-        "mean_in_flight": rate(busy_s),
-        "slo": {key: value for key, value in slo.items()},
-        "goodput_requests": good,
-        "goodput_request_s": rate(good),
-        "token_count_source": token_source,
-        "token_count_sources": token_sources,
-        "prompt_token_source": prompt_source,
-        "prompt_token_sources": prompt_sources,
-    }
+    return RunSummary(
+        requests=len(records),
+        completed=len(done),
+        failed=len(records) - len(done),
+        cancelled=errors.get("cancelled", 0),
+        retried=sum(1 for r in records if r.retries),
+        errors=dict(sorted(errors.items())),
+        duration_s=duration_s,
+        ttft_s=distribution(r.ttft_s for r in done),
+        itl_s=distribution(gap for r in done for gap in r.itl_s),
+        tpot_s=distribution(r.tpot_s for r in done),
+        e2e_s=distribution(r.e2e_s for r in done),
+        request_s=rate(len(done)),
+        output_tok_s=rate(output_tokens),
+        input_tok_s=rate(prompt_tokens),
+        total_tok_s=rate(output_tokens + prompt_tokens),
+        output_tokens=output_tokens,
+        prompt_tokens=prompt_tokens,
+        mean_in_flight=rate(busy_s),
+        slo=dict(slo),
+        goodput_requests=good,
+        goodput_request_s=rate(good),
+        token_count_source=token_source,
+        token_count_sources=token_sources,
+        prompt_token_source=prompt_source,
+        prompt_token_sources=prompt_sources,
+        **context,
+    )
 
 
 # --- sweeps: knee and saturation -----------------------------------------------------------------

@@ -9,15 +9,14 @@ ends after N requests, or once S seconds have passed (no new request starts afte
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from speedlimit.bench.client import Endpoint, check_server, make_session, raise_open_file_limit, send_request
-from speedlimit.bench.metrics import RequestRecord, find_knee, summarize
+from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary, write_records
+from speedlimit.bench.metrics import find_knee, summarize
 from speedlimit.bench.tokenizer import ServerTokenizer, probe_tokenizer
 from speedlimit.bench.workload import LengthSpec, RequestSpec, arrival_offsets_s, build_requests, load_dataset
 from speedlimit.errors import SpeedlimitError
@@ -90,7 +89,7 @@ class RecordSink:
 
     def write(self, record: RequestRecord) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(record.to_json_dict()) + "\n")
+            self._file.write(record.to_json_line())
             self._file.flush()
 
     def rewrite(self, records: list[RequestRecord]) -> None:
@@ -98,11 +97,7 @@ class RecordSink:
         if self.path is None:
             return
         self.close()
-        temporary = self.path.with_suffix(".jsonl.tmp")
-        with temporary.open("w", encoding="utf-8") as handle:
-            for record in sorted(records, key=lambda r: r.index):
-                handle.write(json.dumps(record.to_json_dict()) + "\n")
-        os.replace(temporary, self.path)
+        write_records(self.path, records)
 
     def close(self) -> None:
         if self._file is not None:
@@ -160,7 +155,7 @@ async def run_open_loop(session, endpoint: Endpoint, specs: list[RequestSpec], o
 @dataclass
 class RunResult:
     records: list[RequestRecord]
-    summary: dict[str, Any]
+    summary: RunSummary
 
 
 class BenchRunner:
@@ -240,11 +235,10 @@ class BenchRunner:
         if recounted:
             sink.rewrite(records)
         sink.close()
-        summary = summarize(records, duration_s, self.slo)
-        summary["load"] = plan.describe()
-        summary["endpoint"] = self.describe_endpoint()
+        summary = summarize(records, duration_s, self.slo, source="bench", offered_load=LoadInfo(**plan.describe()),
+                            endpoint=self.describe_endpoint())
         if out_dir is not None:
-            write_json(out_dir / "summary.json", summary)
+            summary.save(out_dir / "summary.json")
         return RunResult(records, summary)
 
     async def recount_output_tokens(self, records: list[RequestRecord]) -> bool:
@@ -272,7 +266,7 @@ class BenchRunner:
                              "seed": self.workload.seed}}
 
     async def sweep(self, parameter: str, values: list[float], base: LoadPlan, out_dir: Path | None,
-                    knee_fraction: float = 0.9) -> dict[str, Any]:
+                    knee_fraction: float = 0.9) -> SweepSummary:
         """One run per load level; the summary lists every point plus the knee and saturation throughput."""
         points = []
         for value in values:
@@ -281,20 +275,13 @@ class BenchRunner:
                             requests=base.requests, duration_s=base.duration_s, warmup=base.warmup)
             point_dir = out_dir / f"{parameter}_{value:g}" if out_dir else None
             result = await self.run(plan, point_dir, label=f"{parameter}={value:g}")
-            points.append({parameter: value, **result.summary})
-        knee = find_knee(values, [p["output_tok_s"] for p in points], knee_fraction)
-        summary = {"sweep": {"parameter": parameter, "values": values, **knee}, "points": points,
-                   "endpoint": self.describe_endpoint()}
+            points.append(result.summary.model_copy(update={"sweep_value": value}))
+        knee = find_knee(values, [p.output_tok_s for p in points], knee_fraction)
+        summary = SweepSummary(sweep=SweepInfo(parameter=parameter, values=values, **knee), points=points,
+                               endpoint=self.describe_endpoint())
         if out_dir is not None:
-            write_json(out_dir / "summary.json", summary)
+            summary.save(out_dir / "summary.json")
         return summary
-
-
-def write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def parse_sweep(text: str) -> tuple[str, list[float]]:

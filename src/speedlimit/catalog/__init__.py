@@ -24,8 +24,8 @@ from speedlimit.architecture import (
     architecture_from_param_count,
     parse_param_count,
 )
-from speedlimit.errors import SpeedlimitError
-from speedlimit.hardware import Efficiency, Hardware, _first_pydantic_message
+from speedlimit.errors import SpeedlimitError, pydantic_message
+from speedlimit.hardware import Efficiency, Hardware
 from speedlimit.suggest import did_you_mean
 
 
@@ -126,7 +126,7 @@ def catalog_hardware(key: str) -> Hardware:
     try:
         return Hardware(key=key, **hardware_entries()[key])
     except ValidationError as error:  # a broken data file is our bug, but say where
-        raise SpeedlimitError(f"hardware catalog entry {key!r} is invalid: {_first_pydantic_message(error)}") from None
+        raise SpeedlimitError(f"hardware catalog entry {key!r} is invalid: {pydantic_message(error)}") from None
 
 
 def hardware_names() -> list[str]:
@@ -137,7 +137,7 @@ def resolve_hardware(text: str) -> Hardware:
     key = _hardware_aliases().get(_normalize(text))
     if key:
         return catalog_hardware(key)
-    from speedlimit.calibration import load_profile_hardware  # profiles are user files: on demand
+    from speedlimit.catalog.profiles import load_profile_hardware  # profiles are user files: on demand
 
     profile = load_profile_hardware(text)
     if profile is not None:

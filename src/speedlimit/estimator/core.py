@@ -1,12 +1,20 @@
-"""The roofline core: pure, numpy-broadcastable functions of a `CostModel` and a `Machine`.
+"""The one step-cost model: what one engine step with a mixed batch reads, computes and costs in time.
 
-Nothing here does I/O or knows about names: every argument may be a Python float or a numpy array,
-and arrays broadcast, so one call evaluates a whole sweep grid. The model of one forward step is
+Pure and numpy-broadcastable: every argument may be a Python float or a numpy array, and arrays broadcast, so
+one call evaluates a whole sweep grid; with floats it takes a scalar fast path (the simulator calls it once per
+engine step). A step is described by running sums over its sequences (`StepBatch`), so its cost is O(1) in the
+number of sequences:
 
-    step_s = max(bytes_read / (tp · achievable_BW), flops / (tp · achievable_FLOPs)) + overhead + all-reduce
+    step_s = max(bytes_read / (tp · achievable_BW), flops / (tp · achievable_FLOPs))
+             + per-step overhead + per-sequence overhead · sequences + tensor-parallel all-reduces
 
-where decode reads the always-read weights, the routed experts the batch touches (expected union)
-and every sequence's KV cache, and prefill computes the whole prompt in one pass.
+bytes_read = the weights touched once (MoE: the expected union of routed experts over the step's tokens)
+           + every decode sequence's KV cache at its context + each prefill chunk's KV (the context before it,
+             read, and its own tokens, written) + activations per token.
+flops      = 2 · parameters per token · tokens + attention over each query's keys.
+
+Decode-only (`decode_step`) and prefill-only (`prefill_step`) steps are special cases; `estimate`, `sweep`,
+the curves, verify, calibrate and simulate all price steps through `step_seconds`.
 """
 
 from __future__ import annotations
@@ -58,6 +66,35 @@ class Machine(NamedTuple):
     memory_bytes: float | np.ndarray  # per device (NaN: unknown)
     link_Bps: float | np.ndarray  # per-direction device-to-device bandwidth (NaN: unknown)
     tp: float | np.ndarray = 1
+    sequence_overhead_s: float | np.ndarray = 0.0  # per running sequence per step (engine bookkeeping, sampling)
+
+
+class StepBatch(NamedTuple):
+    """One engine step as running sums over its sequences (all fields broadcastable).
+
+    A decode sequence at context c generates one token and attends to c keys (min(c, window) in sliding-window
+    layers). A prefill chunk of n tokens that starts after s tokens of its prompt are cached attends causally:
+    query i (s < i <= s + n) sees i keys, so it adds `causal_pairs(s + n) - causal_pairs(s)` (query, key) pairs,
+    reads the KV of the s cached tokens and writes n.
+    """
+
+    decode_sequences: float | np.ndarray = 0.0
+    decode_context: float | np.ndarray = 0.0  # Σ context over decode sequences
+    decode_context_local: float | np.ndarray = 0.0  # Σ min(context, window)
+    prefill_sequences: float | np.ndarray = 0.0
+    prefill_tokens: float | np.ndarray = 0.0  # Σ chunk tokens
+    prefill_context: float | np.ndarray = 0.0  # Σ (s + n): KV tokens each chunk reads or writes
+    prefill_context_local: float | np.ndarray = 0.0  # Σ min(s + n, window)
+    prefill_pairs: float | np.ndarray = 0.0  # Σ causal (query, key) pairs
+    prefill_pairs_local: float | np.ndarray = 0.0  # the same within the window
+
+    @property
+    def tokens(self):
+        return self.decode_sequences + self.prefill_tokens
+
+    @property
+    def sequences(self):
+        return self.decode_sequences + self.prefill_sequences
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,24 +126,70 @@ def kv_bytes_per_sequence(cost: CostModel, context):
     return cost.kv_bytes_per_token_global * context + cost.kv_bytes_per_token_local * np.minimum(context, cost.window)
 
 
+def causal_pairs(tokens, window=math.inf):
+    """(query, key) pairs of causal attention over the first ``tokens`` positions: query i sees min(i, window) keys."""
+    if np.ndim(tokens) == 0 and np.ndim(window) == 0:  # scalar fast path
+        w = min(window, tokens)
+        return w * (w + 1) / 2 + (tokens - w) * w
+    tokens = np.asarray(tokens, dtype=float)
+    w = np.minimum(window, tokens)
+    return w * (w + 1) / 2 + (tokens - w) * w
+
+
+def _min(a, b):
+    return min(a, b) if np.ndim(a) == 0 and np.ndim(b) == 0 else np.minimum(a, b)
+
+
+def decode_batch(cost: CostModel, batch, context) -> StepBatch:
+    """A decode-only step: ``batch`` sequences at ``context`` tokens each."""
+    return StepBatch(decode_sequences=batch, decode_context=batch * context,
+                     decode_context_local=batch * _min(context, cost.window))
+
+
+def prefill_batch(cost: CostModel, batch, tokens, cached=0.0) -> StepBatch:
+    """A prefill-only step: ``batch`` chunks of ``tokens`` tokens, each after ``cached`` tokens already in the cache."""
+    end = cached + tokens
+    return StepBatch(
+        prefill_sequences=batch, prefill_tokens=batch * tokens,
+        prefill_context=batch * end, prefill_context_local=batch * _min(end, cost.window),
+        prefill_pairs=batch * (causal_pairs(end) - causal_pairs(cached)),
+        prefill_pairs_local=batch * (causal_pairs(end, cost.window) - causal_pairs(cached, cost.window)),
+    )
+
+
+def step_bytes(cost: CostModel, step: StepBatch):
+    """Bytes one step streams from memory: weights once, KV caches, activations."""
+    kv = (cost.kv_bytes_per_token_global * (step.decode_context + step.prefill_context)
+          + cost.kv_bytes_per_token_local * (step.decode_context_local + step.prefill_context_local))
+    tokens = step.tokens
+    return weights_read_bytes(cost, tokens) + kv + tokens * cost.activation_bytes_per_token
+
+
+def step_flops(cost: CostModel, step: StepBatch):
+    """FLOPs of one step: matmuls per token plus attention per (query, key) pair."""
+    return (step.tokens * cost.matmul_flops_per_token
+            + cost.attn_flops_per_ctx_global * (step.decode_context + step.prefill_pairs)
+            + cost.attn_flops_per_ctx_local * (step.decode_context_local + step.prefill_pairs_local))
+
+
 def decode_bytes(cost: CostModel, batch, context):
-    """Bytes read by one decode step: weights once, each sequence's KV cache, activations."""
-    return weights_read_bytes(cost, batch) + batch * (kv_bytes_per_sequence(cost, context) + cost.activation_bytes_per_token)
+    """Bytes read by one decode step of ``batch`` sequences at ``context`` tokens."""
+    return step_bytes(cost, decode_batch(cost, batch, context))
 
 
 def decode_flops(cost: CostModel, batch, context):
-    """FLOPs of one decode step: matmuls per token plus attention over each sequence's context."""
-    attention = cost.attn_flops_per_ctx_global * context + cost.attn_flops_per_ctx_local * np.minimum(context, cost.window)
-    return batch * (cost.matmul_flops_per_token + attention)
+    """FLOPs of one decode step of ``batch`` sequences at ``context`` tokens."""
+    return step_flops(cost, decode_batch(cost, batch, context))
 
 
-def prefill_attention_flops(cost: CostModel, prompt):
-    """Causal attention FLOPs of a prompt: query i attends to i tokens (at most the window)."""
-    prompt = np.asarray(prompt, dtype=float)
-    full = prompt * (prompt + 1) / 2
-    window = np.minimum(cost.window, prompt)
-    local = window * (window + 1) / 2 + (prompt - window) * window
-    return cost.attn_flops_per_ctx_global * full + cost.attn_flops_per_ctx_local * local
+def prefill_bytes(cost: CostModel, batch, prompt):
+    """Bytes read (and KV written) by prefilling ``batch`` prompts of ``prompt`` tokens in one pass."""
+    return step_bytes(cost, prefill_batch(cost, batch, prompt))
+
+
+def prefill_flops(cost: CostModel, batch, prompt):
+    """FLOPs of prefilling ``batch`` prompts of ``prompt`` tokens in one pass."""
+    return step_flops(cost, prefill_batch(cost, batch, prompt))
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,10 +216,22 @@ def roofline_seconds(bytes_read, flops, machine: Machine):
     return memory_s, compute_s
 
 
+def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0):
+    """Wall time of a step that reads ``bytes_read`` and computes ``flops`` (whole step, all tp devices)."""
+    memory_s, compute_s = roofline_seconds(bytes_read, flops, machine)
+    roof_s = max(memory_s, compute_s) if np.ndim(memory_s) == 0 and np.ndim(compute_s) == 0 else np.maximum(memory_s, compute_s)
+    return roof_s + machine.step_overhead_s + machine.sequence_overhead_s * sequences + comm_s
+
+
+def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
+    """Wall time of one engine step with a mixed batch of decode sequences and prefill chunks."""
+    return step_time(step_bytes(cost, step), step_flops(cost, step), machine,
+                     allreduce_seconds(cost, machine, step.tokens), step.sequences)
+
+
 def decode_step_seconds(cost: CostModel, machine: Machine, batch, context):
     """Wall time of one decode step for ``batch`` sequences at ``context`` tokens each."""
-    memory_s, compute_s = roofline_seconds(decode_bytes(cost, batch, context), decode_flops(cost, batch, context), machine)
-    return np.maximum(memory_s, compute_s) + machine.step_overhead_s + allreduce_seconds(cost, machine, batch)
+    return step_seconds(cost, machine, decode_batch(cost, batch, context))
 
 
 def mean_decode_step_seconds(cost: CostModel, machine: Machine, batch, context_start, context_end):
@@ -171,15 +266,7 @@ def mean_decode_step_seconds(cost: CostModel, machine: Machine, batch, context_s
 
 def prefill_seconds(cost: CostModel, machine: Machine, batch, prompt):
     """Time to prefill ``batch`` prompts of ``prompt`` tokens in one pass (the TTFT every one of them sees)."""
-    tokens = batch * np.asarray(prompt, dtype=float)
-    bytes_read = (
-        weights_read_bytes(cost, tokens)
-        + batch * kv_bytes_per_sequence(cost, prompt)  # KV written once
-        + tokens * cost.activation_bytes_per_token
-    )
-    flops = tokens * cost.matmul_flops_per_token + batch * prefill_attention_flops(cost, prompt)
-    memory_s, compute_s = roofline_seconds(bytes_read, flops, machine)
-    return np.maximum(memory_s, compute_s) + machine.step_overhead_s + allreduce_seconds(cost, machine, tokens)
+    return step_seconds(cost, machine, prefill_batch(cost, batch, prompt))
 
 
 # --------------------------------------------------------------------------------------------

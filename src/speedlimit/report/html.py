@@ -200,7 +200,7 @@ def _comparison_section(results: Results, out_dir: Path) -> str:
     for point in results.sweep["points"]:
         block = point.get("estimate")
         if isinstance(block, dict) and isinstance(block.get("comparison"), dict):
-            tables.append(f"<h3>{html.escape(str(parameter))} = {point.get(parameter)}</h3><table><tr><th>metric</th><th>measured</th><th>predicted</th><th>measured ÷ predicted</th></tr>{_comparison_rows(block['comparison'])}</table>")
+            tables.append(f"<h3>{html.escape(str(parameter))} = {point.get('sweep_value', point.get(parameter))}</h3><table><tr><th>metric</th><th>measured</th><th>predicted</th><th>measured ÷ predicted</th></tr>{_comparison_rows(block['comparison'])}</table>")
     if not tables:
         return ""
     return '<section id="comparison"><h2>Measured vs predicted</h2>' + "".join(tables) + "</section>"

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
 from speedlimit.errors import SpeedlimitError  # noqa: E402
-from speedlimit.report.curves import batch_curve, roofline  # noqa: E402
+from speedlimit.estimator.curves import batch_curve, roofline  # noqa: E402
 from speedlimit.report.results import Results  # noqa: E402
 
 BLUE, ORANGE, RED, GREY = "#2463eb", "#f59e0b", "#dc2626", "#98a2b3"
@@ -194,7 +194,7 @@ def sweep_rows(sweep: dict[str, Any]) -> list[dict[str, Any]]:
     parameter = sweep["sweep"].get("parameter", "load")
     rows = []
     for point in sweep["points"]:
-        load = point.get(parameter)
+        load = point.get("sweep_value", point.get(parameter))
         throughput = point.get("output_tok_s")
         if not isinstance(load, (int, float)) or not isinstance(throughput, (int, float)):
             continue

@@ -110,7 +110,7 @@ def load_results(path: Path) -> Results:
         results = Results(source=path, sweep=summary)
         parameter = summary["sweep"].get("parameter", "")
         for point in summary["points"]:  # the requests of the sweep's runs, tagged with their load
-            value = point.get(parameter)
+            value = point.get("sweep_value", point.get(parameter))
             run = path / f"{parameter}_{value:g}" / "requests.jsonl" if isinstance(value, (int, float)) else None
             if run is not None and run.is_file():
                 for row in read_requests_jsonl(run):

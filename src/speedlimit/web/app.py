@@ -5,7 +5,7 @@ Endpoints (OpenAPI docs at ``/docs``):
 - ``POST /api/estimate``: body with the CLI's names -> exactly ``estimate(...).to_dict()`` (what
   ``speedlimit estimate --json`` prints).
 - ``POST /api/curve``: same body (plus optional ``batches``) -> the estimate, the batch curve with
-  its knee and the roofline (`speedlimit.report.curves`); the page makes one such call per change.
+  its knee and the roofline (`speedlimit.estimator.curves`); the page makes one such call per change.
 - ``GET /api/models``, ``GET /api/hardware``: the catalogs.
 - ``GET /`` the page, ``/static/*`` its assets, ``/vendor/plotly.min.js`` the chart library served
   from the installed ``plotly`` wheel (nothing comes from a CDN).
@@ -31,7 +31,7 @@ from speedlimit.architecture import Architecture, architecture_from_hf_config
 from speedlimit.catalog import hardware_entries, model_entries, resolve_hardware, resolve_model
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator.api import estimate
-from speedlimit.report.curves import batch_curve, roofline
+from speedlimit.estimator.curves import batch_curve, roofline
 
 STATIC_DIR = Path(str(resources.files("speedlimit.web").joinpath("static")))
 MAX_CURVE_POINTS = 200

@@ -2,7 +2,7 @@
 
 `verify_command` turns flags into `VerifySettings`, runs `run.run_verify` under a rich progress bar (on
 stderr, only when it is a terminal) and prints the side-by-side tables or ``--json``. `calibrate_command`
-reads results files, fits through `speedlimit.calibration` and saves the profile.
+reads results files, fits through `speedlimit.verify.fit` and saves the profile.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from speedlimit.errors import SpeedlimitError
-from speedlimit.hardware import _first_pydantic_message
+from speedlimit.errors import SpeedlimitError, pydantic_message
 
 
 def _gb(value: float | None) -> str:
@@ -160,7 +159,7 @@ def verify_command(
         else:
             settings = VerifySettings(**{k: v for k, v in overrides.items() if v is not None}, single_thread=single_thread)
     except ValidationError as error:
-        raise SpeedlimitError(f"bad verify setting: {_first_pydantic_message(error)}") from None
+        raise SpeedlimitError(f"bad verify setting: {pydantic_message(error)}") from None
     if out is not None and out.exists() and out.is_dir():
         raise SpeedlimitError(f"--out {out} is a directory; give a file name like verify.json")
 
@@ -195,7 +194,8 @@ def calibrate_command(
     json_output: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
 ) -> None:
     """Fit achievable bandwidth/FLOPs fractions and per-step overhead, and save them as a hardware profile."""
-    from speedlimit.calibration import fit_calibration, load_calibration_inputs, profile_path, profile_record, save_profile
+    from speedlimit.catalog.profiles import profile_path, save_profile
+    from speedlimit.verify.fit import fit_calibration, load_calibration_inputs, profile_record
     from speedlimit.catalog import default_efficiency, resolve_hardware
 
     profile_path(name)  # validate the name before any work

@@ -1,7 +1,8 @@
-"""The `speedlimit` command line: a thin typer shell over the library.
+"""The `speedlimit` command line: thin typer shells over the library, one module per leg, and their rich output.
 
-Every command lives in the module that owns its leg (heavy imports happen inside the commands);
-this file only registers them and turns `SpeedlimitError` into one line on stderr and exit code 2.
+`estimate` (estimate, sweep, models, hardware), `bench` (+ `bench_view`, its tables and progress), `verify`
+(verify, calibrate), `report`, `serve`. Heavy imports happen inside the commands. This file registers them and
+turns `SpeedlimitError` into one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ import sys
 
 import typer
 
-from speedlimit.bench.cli import bench_command
+from speedlimit.cli.bench import bench_command
+from speedlimit.cli.estimate import estimate_command, hardware_command, models_command, sweep_command
+from speedlimit.cli.report import report_command
+from speedlimit.cli.serve import serve_command
+from speedlimit.cli.verify import calibrate_command, verify_command
 from speedlimit.errors import SpeedlimitError
-from speedlimit.estimator.command import estimate_command, hardware_command, models_command, sweep_command
-from speedlimit.report.command import report_command
-from speedlimit.verify.command import calibrate_command, verify_command
-from speedlimit.web.command import serve_command
 
 app = typer.Typer(
     name="speedlimit",

@@ -15,11 +15,12 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from speedlimit.artifacts import RunSummary, SweepSummary
 from speedlimit.bench.client import API_KEY_ENV, Endpoint, run_async
 from speedlimit.bench.compare import estimate_for
 from speedlimit.bench.metrics import parse_slo
-from speedlimit.bench.report import LiveProgress, print_summary
-from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan, parse_sweep, write_json
+from speedlimit.cli.bench_view import LiveProgress, print_summary
+from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan, parse_sweep
 from speedlimit.bench.workload import parse_length_spec
 from speedlimit.errors import SpeedlimitError
 
@@ -96,7 +97,7 @@ def bench_command(
     stderr = Console(stderr=True)
     live = progress and stderr.is_terminal
 
-    async def main() -> dict[str, Any]:
+    async def main() -> RunSummary | SweepSummary:
         tracker = (lambda label, total: LiveProgress(stderr, label, total)) if live else None
         async with BenchRunner(endpoint, workload, slo=slo_bounds, preflight=not skip_preflight,
                                count_tokens=count_tokens, progress=tracker) as runner:
@@ -105,22 +106,23 @@ def bench_command(
             return (await runner.run(base_plan, out)).summary
 
     summary = run_async(main())
+    runs = summary.points if isinstance(summary, SweepSummary) else [summary]
     comparison_error = None
     if compare_estimate:
         try:
-            for point in summary.get("points", [summary]):
-                point["estimate"] = estimate_for(point, hardware=hardware, served_model=endpoint.model,
-                                                 estimate_model=estimate_model)
+            for point in runs:
+                point.estimate = estimate_for(point, hardware=hardware, served_model=endpoint.model,
+                                              estimate_model=estimate_model)
         except SpeedlimitError as error:  # measured results still get printed (and are already on disk)
             comparison_error = error
         if out is not None:
-            write_json(out / "summary.json", summary)
+            summary.save(out / "summary.json")
     if json_output:
-        sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(summary.to_dict(), indent=2) + "\n")
     else:
         print_summary(Console(), summary)
     if comparison_error is not None:
         raise comparison_error
-    failed = sum(p["failed"] for p in summary.get("points", [summary]))
+    failed = sum(point.failed for point in runs)
     if fail_on_error and failed:
         raise typer.Exit(code=1)

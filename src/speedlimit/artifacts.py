@@ -1,0 +1,327 @@
+"""Typed artifacts that cross legs, each with one reader and one writer.
+
+- `RequestRecord`: one request, one line of ``requests.jsonl`` (bench measures it, simulate predicts it).
+- `RunSummary`: one run's ``summary.json`` (bench and simulate write the same model).
+- `SweepSummary`: a sweep's ``summary.json``: one `RunSummary` per load level, the knee and saturation.
+- `VerifyResult` lives in `speedlimit.verify.run` on the same `Artifact` base; `Estimate` in the estimator.
+
+Every file carries ``schema`` (``speedlimit.<kind>/<version>``). Files written before schemas existed (no
+``schema`` key) still load; a file of another kind or a newer version is a one-line error that names it.
+Writes are atomic (temporary file + rename), so a crash leaves the last complete file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from speedlimit.errors import SpeedlimitError, file_error, pydantic_message
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """Write JSON to ``path`` through a temporary file and a rename (no half-written file survives a crash)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(data, indent=2, allow_nan=False, default=str) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    return path
+
+
+def read_json(path: Path, what: str) -> Any:
+    """Parsed JSON of ``path``, or a one-line `SpeedlimitError` saying why it is not ``what``."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise file_error(path, error, what) from None
+
+
+def _finite(value: Any) -> Any:
+    """NaN and ±inf become None, recursively: JSON has no NaN, and a missing value is what they mean here."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+class Artifact(BaseModel):
+    """Base of a versioned JSON artifact: `save` writes it atomically, `load`/`parse` read and check it."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    KIND: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 1
+    schema_: str = Field(default="", alias="schema")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_schema(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            schema = data.get("schema")
+            if schema in (None, ""):  # written before schemas existed: same fields
+                return {**data, "schema": cls.schema_id()}
+            kind, _, version = str(schema).partition("/")
+            if kind != f"speedlimit.{cls.KIND}":
+                raise ValueError(f"this is a {schema!r} file, not a speedlimit.{cls.KIND} file")
+            if not version.isdigit() or int(version) > cls.VERSION:
+                raise ValueError(f"schema {schema!r} is newer than this speedlimit reads ({cls.schema_id()}): "
+                                 "upgrade speedlimit")
+        return data
+
+    @classmethod
+    def schema_id(cls) -> str:
+        return f"speedlimit.{cls.KIND}/{cls.VERSION}"
+
+    def model_post_init(self, _context: Any) -> None:
+        if not self.schema_:
+            self.schema_ = self.schema_id()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready dict (`save` writes exactly this; non-finite numbers become null)."""
+        return _finite(self.model_dump(mode="json", by_alias=True))
+
+    def save(self, path: Path) -> Path:
+        return write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def parse(cls, data: Any, source: str = "input") -> Any:
+        """Validate already-parsed JSON; a one-line error naming ``source`` when it is not this artifact."""
+        if not isinstance(data, dict):
+            raise SpeedlimitError(f"{source} is not a {cls.KIND} artifact (expected a JSON object)")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            raise SpeedlimitError(f"{source} is not a valid speedlimit.{cls.KIND} file ({pydantic_message(error)})") from None
+
+    @classmethod
+    def load(cls, path: Path) -> Any:
+        return cls.parse(read_json(path, f"a speedlimit.{cls.KIND} JSON file"), str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# per request
+
+
+class RequestRecord(BaseModel):
+    """What one request did (seconds). ``start_ns``/``end_ns`` are the run's monotonic clock in nanoseconds.
+
+    Bench fills it from the stream; simulate fills the same fields plus the split of the request's time into
+    queue, prefill and decode, which a client cannot see (None from bench).
+    """
+
+    model_config = ConfigDict(extra="ignore", validate_assignment=False)
+
+    index: int
+    start_ns: int = 0
+    end_ns: int = 0
+    ttft_s: float | None = None
+    itl_s: list[float] = Field(default_factory=list)  # gaps between text-carrying stream events (per chunk)
+    e2e_s: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    output_chunks: int = 0
+    token_count_source: str = "chunks"  # usage | tokenizer | chunks | simulated
+    prompt_token_source: str = "unknown"  # usage | tokenizer | words | unknown | simulated
+    http_status: int | None = None
+    error_kind: str | None = None
+    error_text: str | None = None
+    finish_reason: str | None = None
+    retries: int = 0  # resent once on a fresh connection after failing before any response byte
+    # simulate only: where the request's time went
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    preemptions: int = 0
+    # kept in memory for recounting tokens; never written
+    output_text: str = Field(default="", exclude=True)
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2E - TTFT)/(n - 1); None when undefined (fewer than 2 tokens or a failed request)."""
+        if self.e2e_s is None or self.ttft_s is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The requests.jsonl row: every field but the output text, plus TPOT and the output's length."""
+        row = self.model_dump()
+        row["tpot_s"] = self.tpot_s
+        row["output_chars"] = len(self.output_text)
+        return _finite(row)
+
+    def to_json_line(self) -> str:
+        return json.dumps(self.to_json_dict(), allow_nan=False) + "\n"
+
+
+def write_records(path: Path, records: list[RequestRecord]) -> None:
+    """Replace ``path`` atomically with these records, in request order."""
+    temporary = Path(path).with_name(Path(path).name + ".tmp")
+    with temporary.open("w", encoding="utf-8") as handle:
+        for record in sorted(records, key=lambda r: r.index):
+            handle.write(record.to_json_line())
+    os.replace(temporary, path)
+
+
+def iter_records(path: Path, bad_lines: list[int] | None = None) -> Iterator[RequestRecord]:
+    """The records of a requests.jsonl, streamed. Lines that are not a record (a truncated last line after a kill,
+    a corrupted row) are skipped and their line numbers appended to ``bad_lines``."""
+    try:
+        handle = Path(path).open("rb")
+    except OSError as error:
+        raise file_error(path, error, "bench's requests.jsonl") from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield RequestRecord.model_validate_json(line)
+            except ValidationError:
+                if bad_lines is not None:
+                    bad_lines.append(number)
+
+
+# --------------------------------------------------------------------------------------------
+# summaries
+
+
+class Distribution(BaseModel):
+    """mean, p50/p90/p95/p99 (linear interpolation), min, max and count of one metric (seconds); None when empty."""
+
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    min: float | None = None
+    max: float | None = None
+    n: int = 0
+
+
+class LoadInfo(BaseModel):
+    """The load a run was under: closed loop (concurrency) or open loop (rate, burstiness), and its length."""
+
+    concurrency: int | None = None
+    rate: float | None = None
+    burstiness: float = 1.0
+    requests: int | None = None
+    duration_s: float | None = None
+    warmup: int = 0
+
+
+class Comparison(BaseModel):
+    measured: float | None = None
+    predicted: float | None = None
+    ratio: float | None = None  # measured / predicted
+
+
+class PredictionBlock(BaseModel):
+    """What `bench --compare-estimate` adds to a run: the prediction for the same workload, metric by metric."""
+
+    model: str
+    hardware: str
+    method: str = "estimate"  # estimate (static batch) | simulate (replay of the measured workload)
+    inputs: dict[str, float] = Field(default_factory=dict)
+    predicted: dict[str, Any] = Field(default_factory=dict)
+    comparison: dict[str, Comparison] = Field(default_factory=dict)
+
+
+class RunSummary(Artifact):
+    """One run, measured by bench or predicted by simulate: latency distributions, throughput, goodput, errors."""
+
+    KIND: ClassVar[str] = "run"
+
+    source: Literal["bench", "simulate"] = "bench"
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    retried: int = 0
+    errors: dict[str, int] = Field(default_factory=dict)
+    duration_s: float = 0.0
+    ttft_s: Distribution = Field(default_factory=Distribution)
+    itl_s: Distribution = Field(default_factory=Distribution)
+    tpot_s: Distribution = Field(default_factory=Distribution)
+    e2e_s: Distribution = Field(default_factory=Distribution)
+    request_s: float = 0.0
+    output_tok_s: float = 0.0
+    input_tok_s: float = 0.0
+    total_tok_s: float = 0.0
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    mean_in_flight: float = 0.0
+    slo: dict[str, float] = Field(default_factory=dict)
+    goodput_requests: int = 0
+    goodput_request_s: float = 0.0
+    token_count_source: str = "none"
+    token_count_sources: dict[str, int] = Field(default_factory=dict)
+    prompt_token_source: str = "none"
+    prompt_token_sources: dict[str, int] = Field(default_factory=dict)
+    offered_load: LoadInfo | None = Field(default=None, alias="load")
+    endpoint: dict[str, Any] | None = None  # bench: where and how it sent (url, api, model, workload)
+    engine: dict[str, Any] | None = None  # simulate: the scenario and engine it simulated
+    simulation: dict[str, Any] | None = None  # simulate: what a client cannot see (batch, queue, KV over time)
+    estimate: PredictionBlock | None = None
+    sweep_value: float | None = None  # the load level of this run within a sweep
+
+    @property
+    def decode_tok_s_per_user(self) -> float | None:
+        """One user's decode speed: 1 / mean TPOT (per token, so multi-token chunks count right)."""
+        mean = self.tpot_s.mean
+        return 1.0 / mean if mean else None
+
+
+class SweepInfo(BaseModel):
+    parameter: Literal["concurrency", "rate"]
+    values: list[float]
+    saturation_output_tok_s: float | None = None
+    saturation_load: float | None = None
+    knee_load: float | None = None
+    knee_output_tok_s: float | None = None
+    knee_fraction: float = 0.9
+    slo_max_load: float | None = None  # the highest load whose goodput meets the SLOs (None: none or no SLO)
+
+
+class SweepSummary(Artifact):
+    """A sweep: one `RunSummary` per load level, with the knee and the saturation throughput."""
+
+    KIND: ClassVar[str] = "sweep"
+
+    sweep: SweepInfo
+    points: list[RunSummary]
+    endpoint: dict[str, Any] | None = None
+    engine: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_points(cls, data: Any) -> Any:
+        # files before schemas carried each point's load level under the parameter's own name
+        if isinstance(data, dict) and isinstance(data.get("sweep"), dict) and isinstance(data.get("points"), list):
+            parameter = data["sweep"].get("parameter")
+            points = []
+            for point in data["points"]:
+                if isinstance(point, dict) and "sweep_value" not in point and parameter in point:
+                    point = {**point, "sweep_value": point[parameter]}
+                points.append(point)
+            data = {**data, "points": points}
+        return data
+
+
+def load_summary(path: Path) -> RunSummary | SweepSummary:
+    """A summary.json of either kind (bench or simulate, one run or a sweep)."""
+    data = read_json(path, "a speedlimit summary.json")
+    if isinstance(data, dict) and ("sweep" in data or str(data.get("schema", "")).startswith("speedlimit.sweep/")):
+        return SweepSummary.parse(data, str(path))
+    return RunSummary.parse(data, str(path))

@@ -1,0 +1,114 @@
+"""Terminal output of `speedlimit bench`: the rich live progress line and the final tables (no metrics math here)."""
+
+from __future__ import annotations
+
+import time
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from speedlimit.artifacts import PredictionBlock, RequestRecord, RunSummary, SweepSummary
+
+
+class LiveProgress:
+    """A rich progress bar (on stderr) with running ok/error counts and output tok/s; updates are cheap counters."""
+
+    def __init__(self, console: Console, description: str, total: int | None) -> None:
+        self.completed = 0
+        self.errors = 0
+        self.tokens = 0
+        self.start = time.perf_counter()
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[stats]}"), console=console,
+                                 transient=True, refresh_per_second=4)
+        self.task = self.progress.add_task(description, total=total, stats="")
+        self.progress.start()
+
+    def advance(self, record: RequestRecord) -> None:
+        if record.ok:
+            self.completed += 1
+            self.tokens += record.output_tokens or 0
+        else:
+            self.errors += 1
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        self.progress.update(self.task, advance=1,
+                             stats=f"ok {self.completed}  err {self.errors}  {self.tokens / elapsed:,.0f} out tok/s")
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:,.2f}"
+
+
+def summary_table(summary: RunSummary, title: str = "speedlimit bench") -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("latency (ms)")
+    for column in ("mean", "p50", "p90", "p95", "p99"):
+        table.add_column(column, justify="right")
+    rows = (("TTFT", summary.ttft_s), ("ITL (per chunk)", summary.itl_s), ("TPOT (per token)", summary.tpot_s),
+            ("E2E", summary.e2e_s))
+    for label, stats in rows:
+        table.add_row(label, *(_ms(getattr(stats, c)) for c in ("mean", "p50", "p90", "p95", "p99")))
+    return table
+
+
+def totals_table(summary: RunSummary) -> Table:
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    errors = ", ".join(f"{kind} {count}" for kind, count in summary.errors.items()) or "none"
+    slo = ", ".join(f"{key} ≤ {bound * 1e3:g} ms" for key, bound in summary.slo.items())
+    rows = [
+        ("requests", f"{summary.completed} completed / {summary.requests} sent"),
+        ("errors", errors),
+        ("duration", f"{summary.duration_s:.2f} s"),
+        ("requests/s", f"{summary.request_s:.3f}"),
+        ("output tok/s", f"{summary.output_tok_s:,.1f}"),
+        ("total tok/s", f"{summary.total_tok_s:,.1f}"),
+        ("goodput req/s", f"{summary.goodput_request_s:.3f}" + (f"  (SLO {slo})" if slo
+                                                                else "  (no --slo: every completed request)")),
+        ("token counts", f"output: {summary.token_count_source}, prompt: {summary.prompt_token_source}"),
+    ]
+    if summary.retried:
+        rows.insert(2, ("retried", f"{summary.retried} (failed before any response byte on a reused connection)"))
+    for name, value in rows:
+        table.add_row(name, Text(value))
+    return table
+
+
+def estimate_table(block: PredictionBlock) -> Table:
+    inputs = ", ".join(f"{k} {v:g}" for k, v in block.inputs.items())
+    table = Table(title=Text(f"vs {block.method}: {block.model} on {block.hardware} ({inputs})"), title_justify="left")
+    for column in ("metric", "measured", "predicted", "measured/predicted"):
+        table.add_column(column, justify="right" if column != "metric" else "left")
+    fmt = (lambda v: "-" if v is None else f"{v:.4g}")
+    for label, row in block.comparison.items():
+        table.add_row(label, fmt(row.measured), fmt(row.predicted), fmt(row.ratio))
+    return table
+
+
+def sweep_table(summary: SweepSummary) -> Table:
+    sweep = summary.sweep
+    parameter = sweep.parameter
+    table = Table(title=f"sweep over {parameter}: saturation {sweep.saturation_output_tok_s or 0:,.1f} out tok/s "
+                        f"at {sweep.saturation_load or 0:g}, knee at {parameter}={sweep.knee_load or 0:g}",
+                  title_justify="left")
+    for column in (parameter, "req/s", "out tok/s", "TTFT p50 ms", "TPOT p50 ms", "E2E p99 ms", "errors"):
+        table.add_column(column, justify="right")
+    for point in summary.points:
+        table.add_row(f"{point.sweep_value or 0:g}", f"{point.request_s:.3f}", f"{point.output_tok_s:,.1f}",
+                      _ms(point.ttft_s.p50), _ms(point.tpot_s.p50), _ms(point.e2e_s.p99), str(point.failed))
+    return table
+
+
+def print_summary(console: Console, summary: RunSummary | SweepSummary) -> None:
+    if isinstance(summary, SweepSummary):
+        console.print(sweep_table(summary))
+        return
+    console.print(summary_table(summary))
+    console.print(totals_table(summary))
+    if summary.estimate is not None:
+        console.print(estimate_table(summary.estimate))
