@@ -7,7 +7,7 @@ verify's predictions all call; its ``to_dict()`` is exactly what ``speedlimit es
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel
@@ -169,6 +169,69 @@ def _finite_or_none(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+class StepModel(NamedTuple):
+    """A model on hardware, resolved and validated: what the step-cost core needs, plus names for reports."""
+
+    arch: Architecture
+    device: Hardware
+    cost: core.CostModel
+    machine: core.Machine
+    efficiency: Efficiency
+    weights_name: str
+    weight_bits: float
+    kv_name: str
+    compute_dtype: str
+    tp: int
+    ideal: bool
+
+    def kv_budget_bytes(self) -> float:
+        """Memory left for KV caches beside the weights, across the tp devices (inf: capacity unknown)."""
+        free = float(core.usable_memory_bytes(self.machine) - self.cost.total_weight_bytes)
+        return free if math.isfinite(free) else math.inf
+
+
+def step_model(
+    model: str | Architecture,
+    hardware: str | Hardware,
+    *,
+    weights: str | float | None = None,
+    kv: str | float = "fp16",
+    compute: str | None = None,
+    tp: int = 1,
+    ideal: bool = False,
+    bw_efficiency: float | None = None,
+    flops_efficiency: float | None = None,
+    step_overhead_s: float | None = None,
+) -> StepModel:
+    """Resolve a model and hardware (names, paths, sizes or objects) into the step-cost core's inputs."""
+    arch = model if isinstance(model, Architecture) else resolve_model(model)
+    device = hardware if isinstance(hardware, Hardware) else resolve_hardware(hardware)
+    tp = _check_count("tp", tp, 1, MAX_TP)
+    weight_precision = parse_precision(weights, what="weights") if weights is not None else None
+    kv_precision = parse_precision(kv, what="kv")
+    defaults = default_efficiency(device)
+    if step_overhead_s is not None and (not math.isfinite(step_overhead_s) or not 0 <= step_overhead_s <= 1):
+        raise SpeedlimitError(f"--step-overhead must be between 0 and 1 second, got {step_overhead_s}")
+    efficiency = Efficiency(
+        bw_efficiency=_check_fraction("bw-efficiency", bw_efficiency) or defaults.bw_efficiency,
+        flops_efficiency=_check_fraction("flops-efficiency", flops_efficiency) or defaults.flops_efficiency,
+        # an explicit overhead is the whole per-step cost; otherwise fixed + per-kernel defaults
+        step_overhead_s=defaults.overhead_s(arch.decode_kernels) if step_overhead_s is None else step_overhead_s,
+        basis=defaults.basis if bw_efficiency is None and flops_efficiency is None and step_overhead_s is None else "overridden",
+    )
+    cost, bits = cost_model(arch, weight_precision, kv_precision)
+    weights_name = weight_precision.name if weight_precision else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
+    compute_dtype = weight_precision.compute_dtype if weight_precision else "bf16"
+    if compute is not None:
+        compute_dtype = str(compute).strip().lower()
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise SpeedlimitError(f"--compute must be one of {', '.join(COMPUTE_DTYPES)}, got {compute!r}")
+    if ideal:
+        cost = ideal_cost_model(cost, arch)
+    machine = machine_for(device, efficiency, compute_dtype, tp, ideal)
+    return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv_precision.name, compute_dtype, tp, ideal)
+
+
 def estimate(
     model: str | Architecture,
     hardware: str | Hardware,
@@ -193,37 +256,16 @@ def estimate(
     format name; None means the GGUF file's exact bytes, else bf16. ``compute``: the FLOPs column the
     matmuls run at (default: bf16, or fp8/fp32 for those weights). ``ideal``: the seed formula.
     """
-    arch = model if isinstance(model, Architecture) else resolve_model(model)
-    device = hardware if isinstance(hardware, Hardware) else resolve_hardware(hardware)
     batch = _check_count("batch", batch, 1, MAX_BATCH)
     prompt = _check_count("prompt", prompt, 0, MAX_TOKENS)
     output = _check_count("output", output, 1, MAX_TOKENS)
-    tp = _check_count("tp", tp, 1, MAX_TP)
-    weight_precision = parse_precision(weights, what="weights") if weights is not None else None
-    kv_precision = parse_precision(kv, what="kv")
     if usd_per_hour is not None and (not math.isfinite(usd_per_hour) or usd_per_hour < 0):
         raise SpeedlimitError(f"--usd-per-hour must be a non-negative number, got {usd_per_hour}")
-    defaults = default_efficiency(device)
-    if step_overhead_s is not None and (not math.isfinite(step_overhead_s) or not 0 <= step_overhead_s <= 1):
-        raise SpeedlimitError(f"--step-overhead must be between 0 and 1 second, got {step_overhead_s}")
-    efficiency = Efficiency(
-        bw_efficiency=_check_fraction("bw-efficiency", bw_efficiency) or defaults.bw_efficiency,
-        flops_efficiency=_check_fraction("flops-efficiency", flops_efficiency) or defaults.flops_efficiency,
-        # an explicit overhead is the whole per-step cost; otherwise fixed + per-kernel defaults
-        step_overhead_s=defaults.overhead_s(arch.decode_kernels) if step_overhead_s is None else step_overhead_s,
-        basis=defaults.basis if bw_efficiency is None and flops_efficiency is None and step_overhead_s is None else "overridden",
-    )
-
-    cost, bits = cost_model(arch, weight_precision, kv_precision)
-    weights_name = weight_precision.name if weight_precision else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
-    compute_dtype = weight_precision.compute_dtype if weight_precision else "bf16"
-    if compute is not None:
-        compute_dtype = str(compute).strip().lower()
-        if compute_dtype not in COMPUTE_DTYPES:
-            raise SpeedlimitError(f"--compute must be one of {', '.join(COMPUTE_DTYPES)}, got {compute!r}")
-    if ideal:
-        cost = ideal_cost_model(cost, arch)
-    machine = machine_for(device, efficiency, compute_dtype, tp, ideal)
+    resolved = step_model(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal,
+                          bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead_s)
+    arch, device, cost, machine, efficiency = resolved.arch, resolved.device, resolved.cost, resolved.machine, resolved.efficiency
+    weights_name, bits, compute_dtype, tp = resolved.weights_name, resolved.weight_bits, resolved.compute_dtype, resolved.tp
+    kv_name = resolved.kv_name
 
     end_context = prompt + output
     itl = float(core.mean_decode_step_seconds(cost, machine, batch, prompt, end_context))
@@ -246,7 +288,7 @@ def estimate(
         hardware=device.name,
         weights=weights_name,
         weight_bits=bits,
-        kv=kv_precision.name,
+        kv=kv_name,
         mode="ideal" if ideal else "full",
         batch=batch,
         prompt=prompt,
