@@ -1,9 +1,10 @@
-"""How fast is the estimator? One estimate through the Python API, and the vectorized sweep rate.
+"""How fast is the estimator? One step through the step-cost model, one estimate, and the vectorized sweep rate.
 
 Run: python benchmarks/bench_estimator.py
-Prints: microseconds per `estimate()` call (median of repeated timings) and configurations per
-second for `sweep_arrays` over a grid of >= 1,000,000 configurations, plus the same grid evaluated
-by a Python loop of `estimate()` calls on a sample, as a ratio.
+Prints: scalar step evaluations per second (`core.step_seconds` on a mixed decode + prefill step, what the
+simulator calls once per engine step), microseconds per `estimate()` call (median of repeated timings) and
+configurations per second for `sweep_arrays` over a grid of >= 1,000,000 configurations, plus the ratio of the
+sweep to a loop of `estimate()` calls. Targets (issue 11): >= 200,000 steps/s, estimate() < 1 ms, sweep >= 1e6/s.
 """
 
 from __future__ import annotations
@@ -15,8 +16,27 @@ import time
 import numpy as np
 
 from speedlimit.catalog import resolve_hardware, resolve_model
-from speedlimit.estimator import estimate
+from speedlimit.estimator import core, estimate
+from speedlimit.estimator.api import step_model
 from speedlimit.estimator.sweep import sweep_arrays
+
+
+def time_steps(repeats: int = 5) -> float:
+    """Scalar evaluations of one mixed step (64 decode sequences + a 512-token prefill chunk) per second, best of runs."""
+    for model in ("llama-3.1-8b", "qwen3-30b-a3b"):  # warm both the dense and the MoE path
+        step_model(model, "h100-sxm")
+    resolved = step_model("llama-3.1-8b", "h100-sxm")
+    cost, machine = resolved.cost, resolved.machine
+    n = 100_000
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(n):
+            context = 64.0 * (1000.0 + i % 512)  # the running sum changes every step, as in a simulation
+            step = core.StepBatch(64.0, context, context, 1.0, 512.0, 1536.0, 1536.0, 655_616.0, 655_616.0)
+            core.step_seconds(cost, machine, step)
+        best = min(best, time.perf_counter() - start)
+    return n / best
 
 
 def time_estimate(repeats: int = 2000) -> float:
@@ -49,6 +69,8 @@ def time_sweep() -> tuple[int, float]:
 
 def main() -> None:
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
+    steps_per_s = time_steps()
+    print(f"step_seconds (scalar, mixed decode + prefill step): {steps_per_s:,.0f} steps/s (best of 5 x 100,000)")
     per_call_s = time_estimate()
     print(f"estimate(): {per_call_s * 1e6:,.0f} µs per call (median of 2000)")
     count, seconds = time_sweep()

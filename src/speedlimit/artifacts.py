@@ -319,9 +319,13 @@ class SweepSummary(Artifact):
         return data
 
 
+def load_summary_data(data: Any, source: str) -> RunSummary | SweepSummary:
+    """Parsed summary JSON of either kind (bench or simulate, one run or a sweep) as its artifact."""
+    if isinstance(data, dict) and ("sweep" in data or str(data.get("schema", "")).startswith("speedlimit.sweep/")):
+        return SweepSummary.parse(data, source)
+    return RunSummary.parse(data, source)
+
+
 def load_summary(path: Path) -> RunSummary | SweepSummary:
     """A summary.json of either kind (bench or simulate, one run or a sweep)."""
-    data = read_json(path, "a speedlimit summary.json")
-    if isinstance(data, dict) and ("sweep" in data or str(data.get("schema", "")).startswith("speedlimit.sweep/")):
-        return SweepSummary.parse(data, str(path))
-    return RunSummary.parse(data, str(path))
+    return load_summary_data(read_json(path, "a speedlimit summary.json"), str(path))

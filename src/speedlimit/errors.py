@@ -39,7 +39,9 @@ def file_error(path: Path | str, error: BaseException, what: str) -> SpeedlimitE
         return SpeedlimitError(f"{path} is a directory, not {what}")
     if isinstance(error, PermissionError):
         return SpeedlimitError(f"cannot read {path}: permission denied")
-    if isinstance(error, (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError)):
+    if isinstance(error, json.JSONDecodeError):
+        return SpeedlimitError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}); expected {what}")
+    if isinstance(error, (tomllib.TOMLDecodeError, UnicodeDecodeError)):
         return SpeedlimitError(f"{path} is not {what} ({error})")
     if isinstance(error, OSError):
         return SpeedlimitError(f"cannot read {path} ({error.strerror or error})")

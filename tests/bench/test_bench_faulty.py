@@ -62,13 +62,13 @@ async def test_mixed_faults_run_continues_and_writes_every_row(faulty_server, tm
     async with BenchRunner(endpoint, WorkloadPlan(LengthSpec("fixed", 8), 6, None, 0)) as runner:
         result = await runner.run(plan, tmp_path)
     summary = result.summary
-    assert summary["requests"] == 2 * len(MIXED_CYCLE)
-    assert summary["completed"] >= 1 and summary["failed"] >= 1
-    assert set(summary["errors"]) <= {"http_429", "http_500", "http_503", "disconnect", "malformed_sse", "empty",
+    assert summary.requests == 2 * len(MIXED_CYCLE)
+    assert summary.completed >= 1 and summary.failed >= 1
+    assert set(summary.errors) <= {"http_429", "http_500", "http_503", "disconnect", "malformed_sse", "empty",
                                       "timeout", "server_error"}
     rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
-    assert len(rows) == summary["requests"]
-    assert json.loads((tmp_path / "summary.json").read_text())["errors"] == summary["errors"]
+    assert len(rows) == summary.requests
+    assert json.loads((tmp_path / "summary.json").read_text())["errors"] == summary.errors
 
 
 def test_cli_exit_code_reflects_failures_only_with_fail_on_error(faulty_server, tmp_path, run_cli):
@@ -120,7 +120,7 @@ def test_cli_happy_path_on_the_fake_server_with_sweep_and_slo(faulty_server, tmp
                             "--no-progress"])
     assert code == 0
     summary = json.loads(out)
-    assert [p["concurrency"] for p in summary["points"]] == [1, 4]
+    assert [p["sweep_value"] for p in summary["points"]] == [1, 4]
     assert all(p["completed"] == 8 and p["output_tokens"] == 40 for p in summary["points"])
     assert summary["sweep"]["knee_load"] in (1, 4)
     assert (tmp_path / "concurrency_4" / "requests.jsonl").exists()

@@ -11,6 +11,7 @@ import json
 import aiohttp
 import pytest
 
+from speedlimit.artifacts import SweepSummary
 from speedlimit.bench.client import Endpoint
 from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan
 from speedlimit.bench.workload import parse_length_spec
@@ -54,12 +55,12 @@ async def test_concurrency_1_is_consistent_and_prompts_are_exact(llama_server):
             assert 20 <= spec.prompt_tokens <= 60
     check_consistent(result.records, OUTPUT_TOKENS)
     summary = result.summary
-    assert summary["completed"] == 3 and summary["errors"] == {}
-    assert summary["prompt_tokens"] == sum(s.prompt_tokens for s in specs)
-    assert summary["token_count_source"] == "tokenizer" and summary["prompt_token_source"] == "tokenizer"
-    assert summary["output_tok_s"] == pytest.approx(3 * OUTPUT_TOKENS / summary["duration_s"])
+    assert summary.completed == 3 and summary.errors == {}
+    assert summary.prompt_tokens == sum(s.prompt_tokens for s in specs)
+    assert summary.token_count_source == "tokenizer" and summary.prompt_token_source == "tokenizer"
+    assert summary.output_tok_s == pytest.approx(3 * OUTPUT_TOKENS / summary.duration_s)
     # one request at a time: the wall time is the sum of the requests' E2E plus small gaps between them
-    assert sum(r.e2e_s for r in result.records) <= summary["duration_s"] * 1.0001
+    assert sum(r.e2e_s for r in result.records) <= summary.duration_s * 1.0001
 
 
 async def test_concurrency_4_keeps_four_in_flight(llama_server, tmp_path):
@@ -67,8 +68,8 @@ async def test_concurrency_4_keeps_four_in_flight(llama_server, tmp_path):
         result = await runner.run(LoadPlan(concurrency=4, requests=8, warmup=1), tmp_path)
     check_consistent(result.records, OUTPUT_TOKENS)
     summary = result.summary
-    assert summary["completed"] == 8 and summary["output_tokens"] == 8 * OUTPUT_TOKENS
-    assert summary["mean_in_flight"] > 2.0  # closed loop really held several streams open
+    assert summary.completed == 8 and summary.output_tokens == 8 * OUTPUT_TOKENS
+    assert summary.mean_in_flight > 2.0  # closed loop really held several streams open
     rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert sorted(row["index"] for row in rows) == list(range(8))
     assert all(row["output_tokens"] == OUTPUT_TOKENS and row["token_count_source"] == "tokenizer" for row in rows)
@@ -77,12 +78,12 @@ async def test_concurrency_4_keeps_four_in_flight(llama_server, tmp_path):
 async def test_short_rate_sweep_finds_a_knee(llama_server, tmp_path):
     async with runner_for(llama_server, output=6, seed=2) as runner:
         summary = await runner.sweep("rate", [1.0, 8.0], LoadPlan(rate=1.0, requests=4), tmp_path)
-    assert [p["rate"] for p in summary["points"]] == [1.0, 8.0]
-    assert all(p["completed"] == 4 and p["output_tokens"] == 24 for p in summary["points"])
-    sweep = summary["sweep"]
-    assert sweep["knee_load"] in (1.0, 8.0)
-    assert sweep["saturation_output_tok_s"] == max(p["output_tok_s"] for p in summary["points"])
-    assert json.loads((tmp_path / "summary.json").read_text())["sweep"] == sweep
+    assert [p.sweep_value for p in summary.points] == [1.0, 8.0]
+    assert all(p.completed == 4 and p.output_tokens == 24 for p in summary.points)
+    sweep = summary.sweep
+    assert sweep.knee_load in (1.0, 8.0)
+    assert sweep.saturation_output_tok_s == max(p.output_tok_s for p in summary.points)
+    assert SweepSummary.load(tmp_path / "summary.json").sweep == sweep
 
 
 async def test_chat_api_role_delta_is_not_the_first_token(llama_server):
@@ -103,5 +104,5 @@ def test_cli_end_to_end_with_estimate(llama_server, tmp_path, run_cli):
         assert key in summary
     assert summary["completed"] == 2 and summary["goodput_requests"] == 2
     assert summary["estimate"]["inputs"] == {"batch": 2, "prompt": 32, "output": 6}
-    assert summary["estimate"]["comparison"]["itl_s"]["ratio"] > 0
+    assert summary["estimate"]["comparison"]["tpot_s"]["ratio"] > 0
     assert json.loads((tmp_path / "summary.json").read_text())["estimate"] == summary["estimate"]

@@ -110,13 +110,14 @@ def test_reads_verify_results_at_headline_threads(tmp_path: Path) -> None:
 
 def test_reads_bench_summary_decode_points(tmp_path: Path) -> None:
     predicted = {"batch": 4, "tp": 2, "bytes_per_token": 5e9, "flops_per_token": 2e10}
-    summary = {"points": [{"itl_s": {"mean": 0.02}, "estimate": {"hardware": "h100-sxm", "predicted": predicted}},
-                          {"itl_s": {"mean": 0.03}}]}
+    summary = {"sweep": {"parameter": "concurrency", "values": [4, 8]},
+               "points": [{"tpot_s": {"mean": 0.02}, "estimate": {"model": "m", "hardware": "h100-sxm", "predicted": predicted}},
+                          {"tpot_s": {"mean": 0.03}}]}
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(summary))
     points, measured, bench_hardware, _ = load_calibration_inputs([path])
     assert measured is None and bench_hardware == "h100-sxm"
-    assert [(p.kind, p.step_bytes, p.measured_s) for p in points] == [("decode", 5e9 * 4 / 2, 0.02)]
+    assert [(p.kind, p.step_bytes, p.tp, p.measured_s) for p in points] == [("decode", 5e9 * 4, 2, 0.02)]
 
 
 def test_calibrate_saves_profile_that_estimate_uses(cli, tmp_path: Path, isolated_config: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from speedlimit.errors import SpeedlimitError
-from speedlimit.verify.run import check_fits
+from speedlimit.verify.run import ModelInfo, check_fits
 
 
 def assert_one_line_error(done, *needles: str) -> None:
@@ -42,7 +42,7 @@ def test_model_larger_than_ram(cli) -> None:
 
 
 def test_check_fits_counts_kv_cache() -> None:
-    model = {"path": "/m.gguf", "file_bytes": 1e9, "kv_bytes_per_token": 1e6}
+    model = ModelInfo(path="/m.gguf", name="m", file_bytes=10**9, kv_bytes_per_token=1e6)
     assert check_fits(model, 1000, 4e9) > 2e9
     with pytest.raises(SpeedlimitError, match="KV cache at 4000 tokens"):
         check_fits(model, 4000, 4e9)
@@ -58,13 +58,13 @@ def test_context_beyond_model_limit(cli) -> None:
 
 
 def test_calibrate_missing_file(cli, tmp_path: Path) -> None:
-    assert_one_line_error(cli(["calibrate", str(tmp_path / "none.json")]), "no such results file")
+    assert_one_line_error(cli(["calibrate", str(tmp_path / "none.json")]), "no such file")
 
 
 def test_calibrate_not_json(cli, tmp_path: Path) -> None:
     path = tmp_path / "x.json"
     path.write_text("{ not json")
-    assert_one_line_error(cli(["calibrate", str(path)]), "not a readable JSON")
+    assert_one_line_error(cli(["calibrate", str(path)]), "not valid JSON")
 
 
 def test_calibrate_unknown_shape(cli, tmp_path: Path) -> None:

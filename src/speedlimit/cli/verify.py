@@ -10,15 +10,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from speedlimit.errors import SpeedlimitError, pydantic_message
+
+if TYPE_CHECKING:
+    from speedlimit.verify.run import DecodePoint, PrefillPoint, VerifyResult
 
 
 def _gb(value: float | None) -> str:
@@ -49,85 +53,85 @@ def parse_contexts(text: str | None) -> list[int] | None:
     return values
 
 
-def _measured(point: dict[str, Any], value: str) -> str:
+def _measured(point: PrefillPoint | DecodePoint, value: str) -> str:
     from speedlimit.verify.run import NOISY_SPREAD
 
-    return f"{value} [yellow]*[/yellow]" if point.get("runs_spread", 1.0) > NOISY_SPREAD else value
+    return f"{value} [yellow]*[/yellow]" if point.runs_spread > NOISY_SPREAD else value
 
 
-def render_verify(console: Console, result: dict[str, Any]) -> None:
-    machine, model, engine = result["machine"], result["model"], result["engine"]
-    bw = Table(title=f"This machine: {machine['cpu']}, {machine['cores']} cores, "
-                     f"{(machine['memory_bytes'] or 0) / 2**30:.1f} GiB RAM", title_justify="left")
+def render_verify(console: Console, result: VerifyResult) -> None:
+    machine, model, engine = result.machine, result.model, result.engine
+    bw = Table(title=f"This machine: {escape(machine.cpu)}, {machine.cores} cores, "
+                     f"{(machine.memory_bytes or 0) / 2**30:.1f} GiB RAM", title_justify="left")
     bw.add_column("measurement")
     bw.add_column("threads", justify="right")
     bw.add_column("best", justify="right")
     bw.add_column("all runs", justify="right")
-    for kernel in result["bandwidth"]["kernels"]:
-        bw.add_row(f"bandwidth: {kernel['kernel']}", str(kernel["threads"]), f"{_gb(kernel['best_Bps'])} GB/s",
-                   " ".join(f"{r / 1e9:.1f}" for r in kernel["runs_Bps"]))
-    matmul = result["matmul"]
-    bw.add_row(f"matmul fp32 {matmul['n']}²", "BLAS", f"{matmul['best_flops'] / 1e9:,.1f} GFLOP/s",
-               " ".join(f"{r / 1e9:.0f}" for r in matmul["runs_flops"]))
+    for kernel in result.bandwidth.kernels:
+        bw.add_row(f"bandwidth: {kernel.kernel}", str(kernel.threads), f"{_gb(kernel.best_Bps)} GB/s",
+                   " ".join(f"{r / 1e9:.1f}" for r in kernel.runs_Bps))
+    matmul = result.matmul
+    bw.add_row(f"matmul fp32 {matmul.n}²", "BLAS", f"{matmul.best_flops / 1e9:,.1f} GFLOP/s",
+               " ".join(f"{r / 1e9:.0f}" for r in matmul.runs_flops))
     console.print(bw)
     console.print(f"[dim]bandwidth counted as STREAM does (no write-allocate); roofline uses "
-                  f"{_gb(result['measured_bandwidth_Bps'])} GB/s = {result['bandwidth']['basis']}[/dim]")
+                  f"{_gb(result.measured_bandwidth_Bps)} GB/s = {result.bandwidth.basis}[/dim]")
 
-    threads = result["threads"]
-    settings = result["settings"]
-    side = Table(title=f"{model['name']} ({model['file_type']}, {model['file_bytes'] / 1e6:,.0f} MB) in llama-cpp-python "
-                       f"{engine['version']}, {threads} thread{'s' if threads > 1 else ''}, median of {settings['runs']} runs", title_justify="left")
+    threads = result.threads
+    settings = result.settings
+    side = Table(title=f"{escape(model.name)} ({escape(model.file_type)}, {model.file_bytes / 1e6:,.0f} MB) in llama-cpp-python "
+                       f"{engine.version}, {threads} thread{'s' if threads > 1 else ''}, median of {settings.runs} runs", title_justify="left")
     side.add_column("")
     side.add_column("measured", justify="right")
     side.add_column("predicted", justify="right")
     side.add_column("roofline limit", justify="right")
     side.add_column("measured ÷ limit", justify="right")
-    headline = next(p for p in result["decode"] if p["kind"] == "base" and p["threads"] == threads)
-    headline_prefill = next(p for p in result["prefill"] if p["threads"] == threads)
-    side.add_row(f"decode tok/s (ctx {settings['prompt_tokens']}, {settings['decode_tokens']} tokens)",
-                 _measured(headline, _num(result["decode_tok_s_measured"])), _num(result["decode_tok_s_predicted"]),
-                 _num(result["decode_tok_s_limit"]), _pct(result["efficiency"]))
-    side.add_row(f"TTFT ({settings['prompt_tokens']}-token prompt)", _measured(headline_prefill, _ms(result["ttft_s_measured"])),
-                 _ms(result["ttft_s_predicted"]), _ms(result["ttft_s_limit"]),
-                 _pct(result.get("prefill_efficiency")))
-    side.add_row("prefill tok/s", _num(result["prefill_tok_s_measured"]),
-                 _num(settings["prompt_tokens"] / result["ttft_s_predicted"] if result["ttft_s_predicted"] else None),
-                 _num(settings["prompt_tokens"] / result["ttft_s_limit"] if result["ttft_s_limit"] else None), "")
+    headline = next(p for p in result.decode if p.kind == "base" and p.threads == threads)
+    headline_prefill = next(p for p in result.prefill if p.threads == threads)
+    side.add_row(f"decode tok/s (ctx {settings.prompt_tokens}, {settings.decode_tokens} tokens)",
+                 _measured(headline, _num(result.decode_tok_s_measured)), _num(result.decode_tok_s_predicted),
+                 _num(result.decode_tok_s_limit), _pct(result.efficiency))
+    side.add_row(f"TTFT ({settings.prompt_tokens}-token prompt)", _measured(headline_prefill, _ms(result.ttft_s_measured)),
+                 _ms(result.ttft_s_predicted), _ms(result.ttft_s_limit),
+                 _pct(result.prefill_efficiency))
+    side.add_row("prefill tok/s", _num(result.prefill_tok_s_measured),
+                 _num(settings.prompt_tokens / result.ttft_s_predicted if result.ttft_s_predicted else None),
+                 _num(settings.prompt_tokens / result.ttft_s_limit if result.ttft_s_limit else None), "")
     console.print(side)
-    eff = result["default_efficiency"]
-    console.print(f"bytes streamed per token: {result['bytes_per_token'] / 1e6:,.1f} MB   FLOPs per token: "
-                  f"{result['flops_per_token'] / 1e9:,.2f} G   regime: [bold]{result['regime']}-bound[/bold]")
+    eff = result.default_efficiency
+    console.print(f"bytes streamed per token: {result.bytes_per_token / 1e6:,.1f} MB   FLOPs per token: "
+                  f"{result.flops_per_token / 1e9:,.2f} G   regime: [bold]{result.regime}-bound[/bold]")
     console.print(f"[dim]predicted = estimator on the measured bandwidth/FLOPs with default CPU efficiencies "
-                  f"(bw {eff['bw_efficiency']:g}, FLOPs {eff['flops_efficiency']:g}, overhead "
-                  f"{eff['step_overhead_s'] * 1e3:g} ms); limit = 100% of measured, no overhead[/dim]")
+                  f"(bw {eff.bw_efficiency:g}, FLOPs {eff.flops_efficiency:g}, overhead "
+                  f"{eff.step_overhead_s * 1e3:g} ms); limit = 100% of measured, no overhead[/dim]")
 
-    contexts = [p for p in result["decode"] if p["kind"] == "context"]
+    contexts = [p for p in result.decode if p.kind == "context"]
     if contexts:
         table = Table(title=f"Decode vs context ({threads} thread{'s' if threads > 1 else ''})", title_justify="left")
         for name in ("context", "measured tok/s", "predicted", "limit", "measured ÷ limit", "MB/token"):
             table.add_column(name, justify="right")
         for point in contexts:
-            table.add_row(f"{point['context_start']:,}", _measured(point, _num(point["tok_s"])), _num(point["tok_s_predicted"]),
-                          _num(point["tok_s_limit"]), _pct(point["efficiency"]), f"{point['bytes_per_token'] / 1e6:,.1f}")
+            table.add_row(f"{point.context_start:,}", _measured(point, _num(point.tok_s)), _num(point.tok_s_predicted),
+                          _num(point.tok_s_limit), _pct(point.efficiency), f"{point.bytes_per_token / 1e6:,.1f}")
         console.print(table)
-    base = [p for p in result["decode"] if p["kind"] == "base"]
+    base = [p for p in result.decode if p.kind == "base"]
     if len(base) > 1:
-        table = Table(title=f"Threads (ctx {settings['prompt_tokens']})", title_justify="left")
+        table = Table(title=f"Threads (ctx {settings.prompt_tokens})", title_justify="left")
         for name in ("threads", "bandwidth GB/s", "decode tok/s", "limit", "measured ÷ limit", "prefill tok/s"):
             table.add_column(name, justify="right")
-        prefill = {p["threads"]: p for p in result["prefill"]}
+        prefill = {p.threads: p for p in result.prefill}
         for point in base:
-            table.add_row(str(point["threads"]), _gb(point["bandwidth_Bps"]), _measured(point, _num(point["tok_s"])), _num(point["tok_s_limit"]),
-                          _pct(point["efficiency"]), _num(prefill[point["threads"]]["tok_s"]))
+            table.add_row(str(point.threads), _gb(point.bandwidth_Bps), _measured(point, _num(point.tok_s)), _num(point.tok_s_limit),
+                          _pct(point.efficiency), _num(prefill[point.threads].tok_s))
         console.print(table)
     from speedlimit.verify.run import NOISY_SPREAD
 
-    if any(p.get("runs_spread", 1.0) > NOISY_SPREAD for p in result["decode"] + result["prefill"]):
+    if any(p.runs_spread > NOISY_SPREAD for p in result.decode + result.prefill):
         console.print(f"[yellow]*[/yellow] runs of this measurement differ by more than {NOISY_SPREAD}×: other load "
                       "disturbed some of them (the median is shown; every run is in --json)")
-    load = machine.get("load_average_start")
-    if load and load[0] > 0.5 * machine["cores"]:
-        console.print(f"[yellow]note: load average was {load[0]:.1f} on {machine['cores']} cores when verify started; "
+    load = machine.load_average_start
+    if load and load[0] > 0.5 * machine.cores:
+        console.print(f"[yellow]note: load average was {load[0]:.1f} on {machine.cores} cores when verify started; "
                       "other work competes for the same cores and memory[/yellow]")
 
 
@@ -178,7 +182,7 @@ def verify_command(
         except MemoryError:
             raise SpeedlimitError("ran out of memory: use a smaller --array-mib, --model or --contexts") from None
     if json_output:
-        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     else:
         console = Console()
         render_verify(console, result)

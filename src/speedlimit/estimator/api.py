@@ -7,12 +7,11 @@ verify's predictions all call; its ``to_dict()`` is exactly what ``speedlimit es
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel
-
 from speedlimit.architecture import Architecture
+from speedlimit.artifacts import Artifact
 from speedlimit.catalog import default_efficiency, resolve_hardware, resolve_model
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
@@ -27,8 +26,10 @@ MAX_TP = 4096
 COMPUTE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4", "int4")
 
 
-class Estimate(BaseModel):
+class Estimate(Artifact):
     """Everything `estimate()` predicts for one configuration (seconds, bytes, FLOPs, tokens/s)."""
+
+    KIND: ClassVar[str] = "estimate"
 
     model: str
     hardware: str
@@ -74,9 +75,6 @@ class Estimate(BaseModel):
     step_overhead_s: float
     kernels_per_step: float  # kernels one decode step launches (what the default overhead is charged on)
     efficiency_basis: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
 
 
 def _check_count(name: str, value: Any, low: int, high: int) -> int:

@@ -101,14 +101,25 @@ class StepBatch(NamedTuple):
 # bytes and FLOPs
 
 
+def _scalar(value) -> bool:
+    """A plain Python or numpy scalar number: take the pure-Python path (numpy calls cost ~1 µs each)."""
+    return value.__class__ in _SCALAR_TYPES
+
+
+_SCALAR_TYPES = frozenset({float, int, np.float64, np.float32, np.int64, np.int32})
+
+
 def expected_experts_read(n_experts, experts_per_token, tokens):
     """Expected number of distinct experts per MoE layer touched by ``tokens`` tokens.
 
     With uniform routing each token picks k of E experts, so an expert is missed by all tokens with
     probability (1 - k/E)^tokens: E · (1 - (1 - k/E)^tokens). Zero for dense models.
     """
-    if np.ndim(n_experts) == 0 and not n_experts:
-        return 0.0  # dense model: the common scalar case, without numpy overhead
+    if _scalar(n_experts):
+        if not n_experts:
+            return 0.0  # dense model: the common scalar case, without numpy overhead
+        if _scalar(experts_per_token) and _scalar(tokens):
+            return n_experts * (1.0 - (1.0 - experts_per_token / n_experts) ** tokens)
     n_experts = np.asarray(n_experts, dtype=float)
     picked = np.where(n_experts > 0, np.asarray(experts_per_token, dtype=float) / np.where(n_experts > 0, n_experts, 1.0), 0.0)
     miss = np.power(1.0 - picked, tokens)
@@ -128,7 +139,7 @@ def kv_bytes_per_sequence(cost: CostModel, context):
 
 def causal_pairs(tokens, window=math.inf):
     """(query, key) pairs of causal attention over the first ``tokens`` positions: query i sees min(i, window) keys."""
-    if np.ndim(tokens) == 0 and np.ndim(window) == 0:  # scalar fast path
+    if _scalar(tokens) and _scalar(window):  # scalar fast path
         w = min(window, tokens)
         return w * (w + 1) / 2 + (tokens - w) * w
     tokens = np.asarray(tokens, dtype=float)
@@ -137,7 +148,7 @@ def causal_pairs(tokens, window=math.inf):
 
 
 def _min(a, b):
-    return min(a, b) if np.ndim(a) == 0 and np.ndim(b) == 0 else np.minimum(a, b)
+    return min(a, b) if _scalar(a) and _scalar(b) else np.minimum(a, b)
 
 
 def decode_batch(cost: CostModel, batch, context) -> StepBatch:
@@ -161,13 +172,13 @@ def step_bytes(cost: CostModel, step: StepBatch):
     """Bytes one step streams from memory: weights once, KV caches, activations."""
     kv = (cost.kv_bytes_per_token_global * (step.decode_context + step.prefill_context)
           + cost.kv_bytes_per_token_local * (step.decode_context_local + step.prefill_context_local))
-    tokens = step.tokens
+    tokens = step.decode_sequences + step.prefill_tokens
     return weights_read_bytes(cost, tokens) + kv + tokens * cost.activation_bytes_per_token
 
 
 def step_flops(cost: CostModel, step: StepBatch):
     """FLOPs of one step: matmuls per token plus attention per (query, key) pair."""
-    return (step.tokens * cost.matmul_flops_per_token
+    return ((step.decode_sequences + step.prefill_tokens) * cost.matmul_flops_per_token
             + cost.attn_flops_per_ctx_global * (step.decode_context + step.prefill_pairs)
             + cost.attn_flops_per_ctx_local * (step.decode_context_local + step.prefill_pairs_local))
 
@@ -198,8 +209,14 @@ def prefill_flops(cost: CostModel, batch, prompt):
 
 def allreduce_seconds(cost: CostModel, machine: Machine, tokens):
     """Tensor-parallel communication per step: ring all-reduces of the activations, 2 per layer."""
-    if np.ndim(machine.tp) == 0 and machine.tp <= 1:
-        return 0.0
+    tp = machine.tp
+    if _scalar(tp):
+        if tp <= 1:
+            return 0.0
+        if _scalar(machine.link_Bps) and _scalar(tokens):
+            link = machine.link_Bps if math.isfinite(machine.link_Bps) else math.inf
+            ring = 2.0 * (tp - 1.0) / tp * tokens * cost.allreduce_bytes_per_token
+            return cost.allreduces_per_step * (ring / link + ALLREDUCE_LATENCY_S)
     tp = np.asarray(machine.tp, dtype=float)
     ring = 2.0 * (tp - 1.0) / np.maximum(tp, 1.0) * tokens * cost.allreduce_bytes_per_token
     link = np.where(np.isfinite(machine.link_Bps), machine.link_Bps, np.inf)
@@ -210,8 +227,9 @@ def allreduce_seconds(cost: CostModel, machine: Machine, tokens):
 def roofline_seconds(bytes_read, flops, machine: Machine):
     """(memory time, compute time) of a step spread over ``tp`` devices; compute is 0 when FLOPs are unknown."""
     memory_s = bytes_read / (machine.tp * machine.bandwidth_Bps)
-    if np.ndim(machine.flops) == 0:  # scalar fast path (one estimate)
-        return memory_s, (flops / (machine.tp * machine.flops) if math.isfinite(machine.flops) else 0.0 * flops)
+    rate = machine.flops
+    if _scalar(rate):  # scalar fast path (one estimate, one simulated step)
+        return memory_s, (flops / (machine.tp * rate) if math.isfinite(rate) else 0.0 * flops)
     compute_s = np.where(np.isfinite(machine.flops), flops / (machine.tp * np.where(np.isfinite(machine.flops), machine.flops, 1.0)), 0.0)
     return memory_s, compute_s
 
@@ -219,14 +237,15 @@ def roofline_seconds(bytes_read, flops, machine: Machine):
 def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0):
     """Wall time of a step that reads ``bytes_read`` and computes ``flops`` (whole step, all tp devices)."""
     memory_s, compute_s = roofline_seconds(bytes_read, flops, machine)
-    roof_s = max(memory_s, compute_s) if np.ndim(memory_s) == 0 and np.ndim(compute_s) == 0 else np.maximum(memory_s, compute_s)
+    roof_s = max(memory_s, compute_s) if _scalar(memory_s) and _scalar(compute_s) else np.maximum(memory_s, compute_s)
     return roof_s + machine.step_overhead_s + machine.sequence_overhead_s * sequences + comm_s
 
 
 def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
     """Wall time of one engine step with a mixed batch of decode sequences and prefill chunks."""
+    tokens = step.decode_sequences + step.prefill_tokens
     return step_time(step_bytes(cost, step), step_flops(cost, step), machine,
-                     allreduce_seconds(cost, machine, step.tokens), step.sequences)
+                     allreduce_seconds(cost, machine, tokens), step.decode_sequences + step.prefill_sequences)
 
 
 def decode_step_seconds(cost: CostModel, machine: Machine, batch, context):

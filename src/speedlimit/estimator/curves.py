@@ -22,9 +22,8 @@ import numpy as np
 from speedlimit.architecture import Architecture
 from speedlimit.catalog import resolve_hardware, resolve_model
 from speedlimit.estimator import core
-from speedlimit.estimator.api import MAX_BATCH, Estimate, cost_model, estimate, ideal_cost_model
+from speedlimit.estimator.api import MAX_BATCH, Estimate, estimate, step_model
 from speedlimit.hardware import Hardware
-from speedlimit.precision import parse_precision
 
 KNEE_ELASTICITY = 0.5
 #: Largest batch a curve shows when the device capacity is unknown or not even batch 1 fits.
@@ -95,19 +94,12 @@ def batch_curve(
     }
 
 
+_STEP_MODEL_KEYS = ("weights", "kv", "compute", "tp", "ideal", "bw_efficiency", "flops_efficiency", "step_overhead_s")
+
+
 def _curve_points(arch: Architecture, device: Hardware, current: Estimate, kwargs: dict[str, Any], batch: np.ndarray) -> list[dict[str, Any]]:
-    weights = kwargs.get("weights")
-    cost, _ = cost_model(arch, parse_precision(weights, what="weights") if weights is not None else None, parse_precision(current.kv, what="kv"))
-    if current.mode == "ideal":
-        cost = ideal_cost_model(cost, arch)
-    machine = core.Machine(
-        bandwidth_Bps=current.bandwidth_Bps * current.bw_efficiency,
-        flops=current.flops * current.flops_efficiency if current.flops is not None else math.inf,
-        step_overhead_s=current.step_overhead_s,
-        memory_bytes=device.memory_bytes if device.memory_bytes else math.nan,
-        link_Bps=device.interconnect_Bps if device.interconnect_Bps else math.nan,
-        tp=float(current.tp),
-    )
+    resolved = step_model(arch, device, **{k: v for k, v in kwargs.items() if k in _STEP_MODEL_KEYS})
+    cost, machine = resolved.cost, resolved.machine
     prompt, output = current.prompt, current.output
     itl = np.asarray(core.mean_decode_step_seconds(cost, machine, batch, prompt, prompt + output), dtype=float)
     mid = prompt + output / 2

@@ -6,7 +6,6 @@ grid (no Python loop per configuration). `sweep_grid` returns flat columns ready
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,7 +15,7 @@ from speedlimit.architecture import Architecture
 from speedlimit.catalog import default_efficiency, resolve_hardware, resolve_model
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
-from speedlimit.estimator.api import MAX_BATCH, MAX_TOKENS, MAX_TP, cost_model, ideal_cost_model
+from speedlimit.estimator.api import MAX_BATCH, MAX_TOKENS, MAX_TP, cost_model, ideal_cost_model, machine_for
 from speedlimit.hardware import Hardware
 from speedlimit.precision import parse_precision
 
@@ -94,16 +93,12 @@ def sweep_arrays(
             kernels.append(arch.decode_kernels)
     cost = _stack(costs, (-1, 1, 1, 1))
     efficiencies = [default_efficiency(h) for h in hardware]
-    flops = np.array([[h.peak_flops(d) for h in hardware] for d in dtypes]).reshape(len(costs), -1, 1, 1)
-    scale = (lambda e: 1.0) if ideal else (lambda e: e)
-    machine = core.Machine(
-        bandwidth_Bps=np.array([h.memory_bandwidth_Bps * scale(e.bw_efficiency) for h, e in zip(hardware, efficiencies)]).reshape(1, -1, 1, 1),
-        flops=flops * np.array([scale(e.flops_efficiency) for e in efficiencies]).reshape(1, -1, 1, 1),
-        step_overhead_s=0.0 if ideal else np.array([[e.overhead_s(k) for e in efficiencies] for k in kernels]).reshape(len(kernels), -1, 1, 1),
-        memory_bytes=np.array([h.memory_bytes or math.nan for h in hardware]).reshape(1, -1, 1, 1),
-        link_Bps=np.array([h.interconnect_Bps or math.nan for h in hardware]).reshape(1, -1, 1, 1),
-        tp=float(tp),
-    )
+    machines = [
+        machine_for(h, e.model_copy(update={"step_overhead_s": e.overhead_s(k)}), dtype, tp, ideal)
+        for dtype, k in zip(dtypes, kernels)
+        for h, e in zip(hardware, efficiencies)
+    ]
+    machine = _stack(machines, (len(costs), len(hardware), 1, 1))
     itl = core.mean_decode_step_seconds(cost, machine, batch, context, context + output)
     mid = context + output / 2
     memory_s, compute_s = core.roofline_seconds(core.decode_bytes(cost, batch, mid), core.decode_flops(cost, batch, mid), machine)

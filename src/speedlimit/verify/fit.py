@@ -6,31 +6,34 @@ record that `speedlimit.catalog.profiles.save_profile` stores.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from speedlimit.errors import SpeedlimitError
+from pydantic import BaseModel, Field, ValidationError
+
+from speedlimit.artifacts import RunSummary, SweepSummary, load_summary_data, read_json
+from speedlimit.errors import SpeedlimitError, pydantic_message
+from speedlimit.estimator import core
 from speedlimit.hardware import Efficiency, Hardware
+from speedlimit.verify.run import VerifyResult
 
 # --------------------------------------------------------------------------------------------
 # the fit: measured step times -> bw_efficiency, flops_efficiency, step_overhead_s
 #
-# The estimator's step model is  t = max(bytes / (e_bw · BW), flops / (e_f · FLOPs)) + overhead.
+# Each point is priced by the estimator's one step-cost model (`core.step_time`):
+#   t = max(bytes / (tp · e_bw · BW), flops / (tp · e_f · FLOPs)) + overhead + all-reduce.
 # Decode steps of one sequence are memory-bound, so their times give a straight line in
-# x = bytes / BW:  t = x / e_bw + overhead  (weighted least squares on relative error, so a 10 ms
-# and a 20 ms step count alike; the context sweep spreads x because the KV cache grows). Prefill is
-# compute-bound, so with the overhead fixed:  t - overhead = (flops / FLOPs) / e_f.
-
-VERIFY_SCHEMA = "speedlimit.verify/1"
+# x = bytes / (tp · BW):  t - all-reduce = x / e_bw + overhead  (weighted least squares on relative error, so a
+# 10 ms and a 20 ms step count alike; the context sweep spreads x because the KV cache grows). Prefill is
+# compute-bound, so with the overhead fixed:  t - overhead - all-reduce = (flops / (tp · FLOPs)) / e_f.
 
 
 @dataclass(frozen=True)
 class CalibrationPoint:
-    """One measured step: its work as the estimator counts it (per device) and its measured time."""
+    """One measured step: its work as the estimator counts it (whole step, all tp devices) and its measured time."""
 
     kind: Literal["decode", "prefill"]
     step_bytes: float
@@ -38,6 +41,9 @@ class CalibrationPoint:
     measured_s: float
     label: str
     source: str
+    tp: int = 1
+    comm_s: float = 0.0  # tensor-parallel all-reduce time of the step (known from the interconnect, not fitted)
+    kernels: float = 0.0  # kernels the step launches (prices the prior's per-kernel overhead)
 
 
 @dataclass
@@ -64,9 +70,14 @@ class CalibrationFit:
 
 
 def predicted_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: float | None, efficiency: Efficiency) -> float:
-    memory_s = point.step_bytes / (bandwidth_Bps * efficiency.bw_efficiency)
-    compute_s = point.step_flops / (flops * efficiency.flops_efficiency) if flops and math.isfinite(flops) else 0.0
-    return max(memory_s, compute_s) + efficiency.step_overhead_s
+    """The estimator's time for this point's step at these efficiencies (the same `core.step_time` estimate uses)."""
+    machine = core.Machine(
+        bandwidth_Bps=bandwidth_Bps * efficiency.bw_efficiency,
+        flops=flops * efficiency.flops_efficiency if flops and math.isfinite(flops) else math.nan,
+        step_overhead_s=efficiency.overhead_s(point.kernels),
+        memory_bytes=math.nan, link_Bps=math.nan, tp=float(point.tp),
+    )
+    return float(core.step_time(point.step_bytes, point.step_flops, machine, point.comm_s))
 
 
 def fit_errors(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float | None,
@@ -109,8 +120,8 @@ OUTLIER_RELATIVE_ERROR = 0.25
 def _fit_decode(decode: list[CalibrationPoint], bandwidth_Bps: float) -> tuple[float, float, list[str]]:
     """(bw_efficiency, step_overhead_s, notes) from decode points: t = (bytes / BW) / e_bw + overhead."""
     notes: list[str] = []
-    x = [p.step_bytes / bandwidth_Bps for p in decode]
-    t = [p.measured_s for p in decode]
+    x = [p.step_bytes / (p.tp * bandwidth_Bps) for p in decode]
+    t = [p.measured_s - p.comm_s for p in decode]
     slope, overhead = None, 0.0
     if len(decode) >= 2 and (max(x) - min(x)) > 0.02 * max(x):
         slope, overhead = _weighted_line(x, t)
@@ -154,7 +165,7 @@ def fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops:
         raise SpeedlimitError("no decode measurements in the given results: pass `speedlimit verify --out FILE` results "
                               "or bench summaries made with --compare-estimate")
     bw_efficiency, overhead, notes = _fit_decode(decode, bandwidth_Bps)
-    decode, excluded = _split_outliers(decode, lambda p: p.step_bytes / (bandwidth_Bps * bw_efficiency) + overhead)
+    decode, excluded = _split_outliers(decode, lambda p: p.step_bytes / (p.tp * bandwidth_Bps * bw_efficiency) + overhead + p.comm_s)
     if excluded:
         bw_efficiency, overhead, notes = _fit_decode(decode, bandwidth_Bps)
 
@@ -165,12 +176,12 @@ def fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops:
         notes.append("the base hardware has no FLOPs figure: flops_efficiency kept at its default")
     else:
         def fit_prefill(chosen: list[CalibrationPoint]) -> float:
-            usable = [p for p in chosen if p.measured_s > overhead] or chosen
-            y = [p.step_flops / flops for p in usable]
-            return 1.0 / _weighted_slope(y, [max(p.measured_s - overhead, 1e-12) for p in usable])
+            usable = [p for p in chosen if p.measured_s > overhead + p.comm_s] or chosen
+            y = [p.step_flops / (p.tp * flops) for p in usable]
+            return 1.0 / _weighted_slope(y, [max(p.measured_s - overhead - p.comm_s, 1e-12) for p in usable])
 
         flops_efficiency = fit_prefill(prefill)
-        prefill, dropped = _split_outliers(prefill, lambda p: p.step_flops / (flops * flops_efficiency) + overhead)
+        prefill, dropped = _split_outliers(prefill, lambda p: p.step_flops / (p.tp * flops * flops_efficiency) + overhead + p.comm_s)
         if dropped:
             flops_efficiency = fit_prefill(prefill)
             excluded += dropped
@@ -195,50 +206,55 @@ def fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops:
 # reading verify results and bench summaries
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpeedlimitError(f"no such results file: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SpeedlimitError(f"{path} is not a readable JSON results file ({error})") from None
-
-
-def points_from_verify(result: dict[str, Any], source: str) -> list[CalibrationPoint]:
+def points_from_verify(result: VerifyResult, source: str) -> list[CalibrationPoint]:
     """Points at the run's headline thread count (the configuration the profile describes)."""
-    threads = result.get("threads") or (result.get("settings") or {}).get("threads")
+    threads = result.threads or (result.settings.threads if result.settings else None)
+    kernels = result.model.kernels_per_step if result.model else 0.0
     points = []
-    for row in result.get("decode") or []:
-        if row.get("threads") == threads and row.get("tok_s"):
-            points.append(CalibrationPoint("decode", float(row["bytes_per_token"]), float(row["flops_per_token"]),
-                                           1.0 / float(row["tok_s"]),
-                                           f"decode @ ctx {row['context_start']}" + (" (base)" if row.get("kind") == "base" else ""),
-                                           source))
-    for row in result.get("prefill") or []:
-        if row.get("threads") == threads and row.get("median_s"):
-            points.append(CalibrationPoint("prefill", float(row["step_bytes"]), float(row["step_flops"]),
-                                           float(row["median_s"]), f"prefill {row['prompt_tokens']} tok", source))
+    for row in result.decode:
+        if row.threads == threads:
+            points.append(CalibrationPoint("decode", row.bytes_per_token, row.flops_per_token, 1.0 / row.tok_s,
+                                           f"decode @ ctx {row.context_start}" + (" (base)" if row.kind == "base" else ""),
+                                           source, kernels=kernels))
+    for row in result.prefill:
+        if row.threads == threads:
+            points.append(CalibrationPoint("prefill", row.step_bytes, row.step_flops, row.median_s,
+                                           f"prefill {row.prompt_tokens} tok", source, kernels=kernels))
     return points
 
 
-def points_from_bench(summary: dict[str, Any], source: str) -> tuple[list[CalibrationPoint], str | None]:
-    """Decode points (mean ITL) of a bench summary that carries an ``estimate`` block; and its hardware name.
+class PredictedStep(BaseModel):
+    """The fields of an `Estimate` that price its decode step again (a bench summary's ``estimate.predicted``)."""
+
+    batch: int = Field(ge=1)
+    tp: int = Field(default=1, ge=1)
+    bytes_per_token: float = Field(gt=0)
+    flops_per_token: float = Field(ge=0)
+    tp_comm_s: float = Field(default=0.0, ge=0)
+    kernels_per_step: float = Field(default=0.0, ge=0)
+
+
+def points_from_bench(summary: RunSummary | SweepSummary, source: str) -> tuple[list[CalibrationPoint], str | None]:
+    """Decode points (mean TPOT) of a bench summary that carries an ``estimate`` block; and its hardware name.
 
     TTFT under concurrent load includes queueing, so bench runs contribute no prefill points.
     """
     points, hardware = [], None
-    for run in summary.get("points") or [summary]:
-        block = run.get("estimate") or {}
-        predicted = block.get("predicted") or {}
-        itl = (run.get("itl_s") or {}).get("mean")
-        if not predicted or not itl:
+    runs = summary.points if isinstance(summary, SweepSummary) else [summary]
+    for run in runs:
+        block = run.estimate
+        tpot = run.tpot_s.mean
+        if block is None or not block.predicted or not tpot:
             continue
-        hardware = hardware or block.get("hardware")
-        batch = int(predicted.get("batch") or 1)
-        tp = int(predicted.get("tp") or 1)
+        try:
+            predicted = PredictedStep.model_validate(block.predicted)
+        except ValidationError as error:
+            raise SpeedlimitError(f"{source}: the estimate block is not an estimate ({pydantic_message(error)})") from None
+        hardware = hardware or block.hardware
         points.append(CalibrationPoint(
-            "decode", float(predicted["bytes_per_token"]) * batch / tp, float(predicted["flops_per_token"]) * batch / tp,
-            float(itl), f"bench decode, batch {batch}", source))
+            "decode", predicted.bytes_per_token * predicted.batch, predicted.flops_per_token * predicted.batch,
+            float(tpot), f"bench decode, batch {predicted.batch}", source, tp=predicted.tp,
+            comm_s=predicted.tp_comm_s, kernels=predicted.kernels_per_step))
     return points, hardware
 
 
@@ -251,22 +267,23 @@ def load_calibration_inputs(paths: list[Path]) -> tuple[list[CalibrationPoint], 
     if not paths:
         raise SpeedlimitError("give at least one results file: `speedlimit verify --out verify.json` writes one")
     for path in paths:
-        data = _read_json(path)
+        data = read_json(path, "a verify result or bench summary.json")
         if not isinstance(data, dict):
             raise SpeedlimitError(f"{path} is not a verify result or bench summary (expected a JSON object)")
-        if data.get("schema") == VERIFY_SCHEMA:
-            found = points_from_verify(data, str(path))
-            if not data.get("complete"):
+        if str(data.get("schema", "")).startswith("speedlimit.verify/"):
+            result = VerifyResult.parse(data, str(path))
+            found = points_from_verify(result, str(path))
+            if not result.complete:
                 notes.append(f"{path} is an incomplete verify run: using the {len(found)} points it has")
-            if measured is None and data.get("measured_bandwidth_Bps"):
+            if measured is None and result.measured_bandwidth_Bps:
                 measured = Hardware(
-                    key="this-machine", name=f"{(data.get('machine') or {}).get('cpu') or 'this machine'} (measured)",
-                    vendor="measured", kind="cpu", memory_bandwidth_Bps=float(data["measured_bandwidth_Bps"]),
-                    memory_bytes=(data.get("machine") or {}).get("memory_bytes"),
-                    flops={"fp32": float(data["measured_flops"])} if data.get("measured_flops") else {},
+                    key="this-machine", name=f"{result.machine.cpu or 'this machine'} (measured)",
+                    vendor="measured", kind="cpu", memory_bandwidth_Bps=result.measured_bandwidth_Bps,
+                    memory_bytes=result.machine.memory_bytes,
+                    flops={"fp32": result.measured_flops} if result.measured_flops else {},
                     source=f"speedlimit verify ({path})")
         elif "estimate" in data or "points" in data or "itl_s" in data:
-            found, hardware = points_from_bench(data, str(path))
+            found, hardware = points_from_bench(load_summary_data(data, str(path)), str(path))
             bench_hardware = bench_hardware or hardware
             if not found:
                 notes.append(f"{path}: bench summary without an estimate block (run bench with --compare-estimate): skipped")

@@ -10,17 +10,17 @@ per-step overhead). ``efficiency`` = measured ÷ roofline limit. Headline keys s
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from speedlimit.architecture import Architecture
+from speedlimit.artifacts import Artifact
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.estimator.api import Estimate, cost_model, estimate
@@ -28,7 +28,6 @@ from speedlimit.hardware import Hardware
 from speedlimit.precision import parse_precision
 from speedlimit.verify import membench
 
-SCHEMA = "speedlimit.verify/1"
 MIB = 1024 * 1024
 NOISY_SPREAD = 1.5  # fastest run more than 1.5x the slowest: other load disturbed the measurement
 KV_TYPE = "f16"  # llama.cpp's default KV-cache type, which verify does not change
@@ -64,6 +63,140 @@ class VerifySettings(BaseModel):
         return cls(**values)
 
 
+# --- the result artifact ----------------------------------------------------------------------------
+
+
+class MachineInfo(BaseModel):
+    cpu: str = ""
+    cores: int = 1
+    memory_bytes: float | None = None
+    load_average_start: list[float] | None = None
+    load_average_end: list[float] | None = None
+
+
+class ModelInfo(BaseModel):
+    path: str
+    name: str
+    file_type: str = ""
+    file_bytes: int = 0
+    weights_bytes: float = 0.0
+    total_params: float = 0.0
+    context_length: int | None = None
+    kv_bytes_per_token: float = 0.0
+    kernels_per_step: float = 0.0  # kernels one step launches as llama.cpp runs this architecture
+
+
+class BandwidthInfo(BaseModel):
+    kernels: list[membench.KernelResult] = Field(default_factory=list)
+    counting: str = ""
+    array_bytes: int = 0
+    basis: str = ""
+    single_thread_Bps: float | None = None
+
+
+class MatmulInfo(BaseModel):
+    n: int = 0
+    dtype: str = ""
+    best_flops: float
+    runs_flops: list[float] = Field(default_factory=list)
+    threads: int | str | None = None
+    basis: str = ""
+
+
+class EngineInfo(BaseModel):
+    name: str
+    version: str = ""
+    system_info: str = ""
+    threads: int
+    thread_counts: list[int] = Field(default_factory=list)
+    n_ctx: int = 0
+    n_batch: int = 512
+    kv_type: str = KV_TYPE
+    sampling: str = ""
+    preflight: dict[str, float] = Field(default_factory=dict)
+
+
+class PrefillPoint(BaseModel):
+    """One timed prefill: its work as the estimator counts it, measured and predicted times."""
+
+    threads: int
+    prompt_tokens: int
+    runs_s: list[float] = Field(default_factory=list)
+    median_s: float = Field(gt=0)
+    tok_s: float | None = None
+    runs_spread: float = 1.0
+    ttft_s_predicted: float | None = None
+    ttft_s_limit: float | None = None
+    efficiency: float | None = None
+    step_bytes: float = Field(gt=0)
+    step_flops: float = Field(gt=0)
+    bandwidth_Bps: float | None = None
+    flops: float | None = None
+
+
+class DecodePoint(BaseModel):
+    """Decode timed from a context: per-token work as the estimator counts it, measured and predicted speed."""
+
+    kind: Literal["base", "context"]
+    threads: int
+    context_start: int
+    tokens: int = 0
+    runs_tok_s: list[float] = Field(default_factory=list)
+    runs_spread: float = 1.0
+    tok_s: float = Field(gt=0)
+    tok_s_predicted: float | None = None
+    tok_s_limit: float | None = None
+    efficiency: float | None = None
+    bytes_per_token: float = Field(gt=0)
+    flops_per_token: float = Field(ge=0)
+    regime: str = "memory"
+    bandwidth_Bps: float | None = None
+    flops: float | None = None
+
+
+class DefaultEfficiency(BaseModel):
+    bw_efficiency: float
+    flops_efficiency: float
+    step_overhead_s: float
+    basis: str = ""
+
+
+class VerifyResult(Artifact):
+    """What `speedlimit verify` measured and predicted; written after every stage, ``complete`` at the end."""
+
+    KIND: ClassVar[str] = "verify"
+
+    complete: bool = False
+    started_at: str = ""
+    finished_at: str | None = None
+    settings: VerifySettings | None = None
+    machine: MachineInfo = Field(default_factory=MachineInfo)
+    model: ModelInfo | None = None
+    bandwidth: BandwidthInfo | None = None
+    measured_bandwidth_Bps: float | None = None
+    matmul: MatmulInfo | None = None
+    matmul_single_thread: MatmulInfo | None = None
+    measured_flops: float | None = None
+    engine: EngineInfo | None = None
+    prefill: list[PrefillPoint] = Field(default_factory=list)
+    decode: list[DecodePoint] = Field(default_factory=list)
+    # the headline, at the run's thread count
+    threads: int | None = None
+    decode_tok_s_measured: float | None = None
+    decode_tok_s_predicted: float | None = None
+    decode_tok_s_limit: float | None = None
+    efficiency: float | None = None
+    prefill_tok_s_measured: float | None = None
+    ttft_s_measured: float | None = None
+    ttft_s_predicted: float | None = None
+    ttft_s_limit: float | None = None
+    prefill_efficiency: float | None = None
+    bytes_per_token: float | None = None
+    flops_per_token: float | None = None
+    regime: str | None = None
+    default_efficiency: DefaultEfficiency | None = None
+
+
 # --- predictions ------------------------------------------------------------------------------------
 
 
@@ -89,12 +222,8 @@ def step_work(arch: Architecture, kind: str, prompt: int, output: int = 1) -> tu
     """(bytes, FLOPs) of a step as the estimator counts them: a prefill of ``prompt`` tokens, or the mean decode
     step while the context grows from ``prompt`` to ``prompt + output`` (bytes and FLOPs are linear in context)."""
     cost, _ = cost_model(arch, None, parse_precision("fp16"))
-    if kind == "prefill":  # read the two terms back through the core with unit rates
-        unit_bw = core.Machine(bandwidth_Bps=1.0, flops=float("nan"), step_overhead_s=0.0,
-                               memory_bytes=float("nan"), link_Bps=float("nan"))
-        unit_flops = core.Machine(bandwidth_Bps=float("inf"), flops=1.0, step_overhead_s=0.0,
-                                  memory_bytes=float("nan"), link_Bps=float("nan"))
-        return float(core.prefill_seconds(cost, unit_bw, 1, prompt)), float(core.prefill_seconds(cost, unit_flops, 1, prompt))
+    if kind == "prefill":
+        return float(core.prefill_bytes(cost, 1, prompt)), float(core.prefill_flops(cost, 1, prompt))
     mid = prompt + output / 2
     return float(core.decode_bytes(cost, 1, mid)), float(core.decode_flops(cost, 1, mid))
 
@@ -102,7 +231,7 @@ def step_work(arch: Architecture, kind: str, prompt: int, output: int = 1) -> tu
 # --- checks -----------------------------------------------------------------------------------------
 
 
-def load_model_info(path: Path) -> tuple[Architecture, dict[str, Any]]:
+def load_model_info(path: Path) -> tuple[Architecture, ModelInfo]:
     """Architecture and file details of a GGUF, with clear errors for a missing or unreadable file."""
     from speedlimit.gguf_model import architecture_from_gguf
 
@@ -112,40 +241,32 @@ def load_model_info(path: Path) -> tuple[Architecture, dict[str, Any]]:
     if not os.access(path, os.R_OK) or not path.is_file():
         raise SpeedlimitError(f"cannot read model file {path}; pass a readable --model PATH.gguf")
     arch = architecture_from_gguf(path)
-    info = {
-        "path": str(path.resolve()),
-        "name": arch.name,
-        "file_type": arch.weight_bytes.file_type if arch.weight_bytes else "",
-        "file_bytes": path.stat().st_size,
-        "weights_bytes": cost_model(arch, None, parse_precision("fp16"))[0].total_weight_bytes,
-        "total_params": arch.total_params,
-        "context_length": arch.max_context,
-        "kv_bytes_per_token": arch.kv_elements_per_token_global * 2 + arch.kv_elements_per_token_local * 2,
-    }
+    info = ModelInfo(
+        path=str(path.resolve()),
+        name=arch.name,
+        file_type=arch.weight_bytes.file_type if arch.weight_bytes else "",
+        file_bytes=path.stat().st_size,
+        weights_bytes=cost_model(arch, None, parse_precision("fp16"))[0].total_weight_bytes,
+        total_params=arch.total_params,
+        context_length=arch.max_context or None,
+        kv_bytes_per_token=arch.kv_elements_per_token_global * 2 + arch.kv_elements_per_token_local * 2,
+        kernels_per_step=arch.decode_kernels,
+    )
     return arch, info
 
 
-def check_fits(model: dict[str, Any], n_ctx: int, memory_bytes: float | None) -> float:
+def check_fits(model: ModelInfo, n_ctx: int, memory_bytes: float | None) -> float:
     """Bytes the engine needs (file + KV cache at n_ctx); error when that exceeds this machine's RAM."""
-    need = model["file_bytes"] + model["kv_bytes_per_token"] * n_ctx + 64 * MIB
+    need = model.file_bytes + model.kv_bytes_per_token * n_ctx + 64 * MIB
     if memory_bytes is not None and need > memory_bytes:
         raise SpeedlimitError(
-            f"{Path(model['path']).name} needs {need / 2**30:.1f} GiB (weights + KV cache at {n_ctx} tokens) but this "
+            f"{Path(model.path).name} needs {need / 2**30:.1f} GiB (weights + KV cache at {n_ctx} tokens) but this "
             f"machine has {memory_bytes / 2**30:.1f} GiB of RAM; pass a smaller --model or shorter --contexts"
         )
     return need
 
 
 # --- the run ----------------------------------------------------------------------------------------
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomic write (temp file + rename), so a crash mid-run leaves the last complete snapshot."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def total_steps(settings: VerifySettings) -> int:
@@ -160,8 +281,8 @@ def _median(values: list[float]) -> float:
 
 
 def run_verify(settings: VerifySettings, out: Path | None = None,
-               on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure, run, predict; the full result dict (also written to ``out`` after every stage)."""
+               on_step: Callable[[str], None] | None = None) -> VerifyResult:
+    """Measure, run, predict; the full result (also written to ``out`` after every stage)."""
     from speedlimit.verify import engine
 
     step = on_step or (lambda _label: None)
@@ -169,9 +290,9 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
     arch, model = load_model_info(settings.model_path)
     max_context = max(settings.contexts) if settings.contexts else 0
     n_ctx = max(settings.prompt_tokens + 2 * settings.decode_tokens, max_context + settings.runs * settings.decode_tokens) + 16
-    if model["context_length"] and n_ctx > model["context_length"]:
+    if model.context_length and n_ctx > model.context_length:
         raise SpeedlimitError(
-            f"{Path(model['path']).name} supports {model['context_length']} tokens of context but this run needs {n_ctx}; "
+            f"{Path(model.path).name} supports {model.context_length} tokens of context but this run needs {n_ctx}; "
             "use smaller --contexts/--prompt-tokens/--decode-tokens"
         )
     memory_bytes = membench.machine_memory_bytes()
@@ -179,19 +300,17 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
 
     cores = membench.cpu_count()
     thread_counts = [settings.threads] + ([1] if settings.single_thread and settings.threads > 1 else [])
-    result: dict[str, Any] = {
-        "schema": SCHEMA,
-        "complete": False,
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "settings": settings.model_dump(mode="json"),
-        "machine": {"cpu": membench.cpu_model_name(), "cores": cores, "memory_bytes": memory_bytes,
-                    "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
-        "model": model,
-    }
+    result = VerifyResult(
+        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        settings=settings,
+        machine=MachineInfo(cpu=membench.cpu_model_name(), cores=cores, memory_bytes=memory_bytes,
+                            load_average_start=list(os.getloadavg()) if hasattr(os, "getloadavg") else None),
+        model=model,
+    )
 
     def save() -> None:
         if out is not None:
-            write_json(out, result)
+            result.save(out)
 
     save()
     # 1. the machine ---------------------------------------------------------------------------------
@@ -201,20 +320,20 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
                                               repeats=settings.bandwidth_repeats, on_step=step)
     best_all = max((k for k in kernels if k.threads == settings.threads), key=lambda k: k.best_Bps)
     best_one = max((k for k in kernels if k.threads == 1), key=lambda k: k.best_Bps, default=None)
-    result["bandwidth"] = {
-        "kernels": [k.to_dict() for k in kernels],
-        "counting": "STREAM convention: copy 2 arrays, triad 3, read 1; write-allocate traffic not counted",
-        "array_bytes": settings.array_mib * MIB,
-        "basis": f"best kernel ({best_all.kernel}) at {settings.threads} threads",
-        "single_thread_Bps": best_one.best_Bps if best_one else None,
-    }
-    result["measured_bandwidth_Bps"] = best_all.best_Bps
+    result.bandwidth = BandwidthInfo(
+        kernels=kernels,
+        counting="STREAM convention: copy 2 arrays, triad 3, read 1; write-allocate traffic not counted",
+        array_bytes=settings.array_mib * MIB,
+        basis=f"best kernel ({best_all.kernel}) at {settings.threads} threads",
+        single_thread_Bps=best_one.best_Bps if best_one else None,
+    )
+    result.measured_bandwidth_Bps = best_all.best_Bps
     save()
     pinned = None if settings.threads == cores else settings.threads  # BLAS at the engine's thread count
     matmul = (pinned and membench.measure_matmul_flops(settings.matmul_n, repeats=3, threads=pinned, on_step=step)) or \
         membench.measure_matmul_flops(settings.matmul_n, repeats=3, on_step=step)
-    result["matmul"] = matmul.to_dict() | {"threads": pinned or "numpy BLAS default (all cores)"}
-    result["measured_flops"] = matmul.best_flops
+    result.matmul = MatmulInfo(**matmul.to_dict(), threads=pinned or "numpy BLAS default (all cores)")
+    result.measured_flops = matmul.best_flops
     hardware = {
         settings.threads: measured_hardware(best_all.best_Bps, matmul.best_flops, memory_bytes, f"{settings.threads} threads"),
     }
@@ -222,21 +341,20 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
         single = membench.measure_matmul_flops(settings.matmul_n, repeats=3, threads=1, on_step=step)
         # Where BLAS threads cannot be pinned, 1 thread's FLOP/s is taken as the all-core figure ÷ cores.
         single_flops = single.best_flops if single else matmul.best_flops / max(cores, 1)
-        result["matmul_single_thread"] = (single.to_dict() | {"threads": 1}) if single else {
-            "best_flops": single_flops, "threads": 1, "basis": "all-core BLAS figure ÷ cores (BLAS threads not settable)"}
+        result.matmul_single_thread = MatmulInfo(**single.to_dict(), threads=1) if single else MatmulInfo(
+            best_flops=single_flops, threads=1, basis="all-core BLAS figure ÷ cores (BLAS threads not settable)")
         hardware[1] = measured_hardware(best_one.best_Bps, single_flops, memory_bytes, "1 thread")
     save()
 
     # 2. the engine ----------------------------------------------------------------------------------
     step("engine: preflight (child process)")
-    check = engine.preflight(Path(model["path"]), settings.threads)
-    result["engine"] = {
-        "name": "llama-cpp-python", "version": engine.engine_version(), "system_info": engine.engine_system_info(),
-        "threads": settings.threads, "thread_counts": thread_counts, "n_ctx": n_ctx, "n_batch": 512, "kv_type": KV_TYPE,
-        "sampling": "greedy argmax over the last logits; exactly decode_tokens tokens per run (EOS is not a stop)",
-        "preflight": {k: check[k] for k in ("tokens", "prefill_s", "decode_s")},
-    }
-    result["prefill"], result["decode"] = [], []
+    check = engine.preflight(Path(model.path), settings.threads)
+    result.engine = EngineInfo(
+        name="llama-cpp-python", version=engine.engine_version(), system_info=engine.engine_system_info(),
+        threads=settings.threads, thread_counts=thread_counts, n_ctx=n_ctx, n_batch=512, kv_type=KV_TYPE,
+        sampling="greedy argmax over the last logits; exactly decode_tokens tokens per run (EOS is not a stop)",
+        preflight={k: check[k] for k in ("tokens", "prefill_s", "decode_s")},
+    )
     save()
 
     def add_points(threads: int, prefill_s: list[float], decode_s: list[float]) -> None:
@@ -245,30 +363,29 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
         default, limit = predict(arch, hw, prompt, count)
         ttft = _median(prefill_s)
         p_bytes, p_flops = step_work(arch, "prefill", prompt)
-        result["prefill"].append({
-            "threads": threads, "prompt_tokens": prompt, "runs_s": prefill_s, "median_s": ttft,
-            "tok_s": prompt / ttft, "runs_spread": max(prefill_s) / min(prefill_s), "ttft_s_predicted": default.ttft_s, "ttft_s_limit": limit.ttft_s,
-            "efficiency": (limit.ttft_s / ttft) if limit.ttft_s else None,
-            "step_bytes": p_bytes, "step_flops": p_flops,
-            "bandwidth_Bps": hw.memory_bandwidth_Bps, "flops": hw.peak_flops("fp32"),
-        })
-        result["decode"].append(decode_point("base", threads, prompt, count, [count / s for s in decode_s], default, limit, hw))
+        result.prefill.append(PrefillPoint(
+            threads=threads, prompt_tokens=prompt, runs_s=prefill_s, median_s=ttft,
+            tok_s=prompt / ttft, runs_spread=max(prefill_s) / min(prefill_s), ttft_s_predicted=default.ttft_s,
+            ttft_s_limit=limit.ttft_s, efficiency=(limit.ttft_s / ttft) if limit.ttft_s else None,
+            step_bytes=p_bytes, step_flops=p_flops, bandwidth_Bps=hw.memory_bandwidth_Bps, flops=hw.peak_flops("fp32"),
+        ))
+        result.decode.append(decode_point("base", threads, prompt, count, [count / s for s in decode_s], default, limit, hw))
 
     def decode_point(kind: str, threads: int, context: int, tokens: int, rates: list[float],
-                     default: Estimate, limit: Estimate, hw: Hardware) -> dict[str, Any]:
+                     default: Estimate, limit: Estimate, hw: Hardware) -> DecodePoint:
         measured = _median(rates)
         d_bytes, d_flops = step_work(arch, "decode", context, tokens)
-        return {
-            "kind": kind, "threads": threads, "context_start": context, "tokens": tokens, "runs_tok_s": rates,
-            "runs_spread": max(rates) / min(rates),  # fastest ÷ slowest run: > NOISY_SPREAD flags disturbed runs
-            "tok_s": measured, "tok_s_predicted": default.decode_tok_s, "tok_s_limit": limit.decode_tok_s,
-            "efficiency": measured / limit.decode_tok_s, "bytes_per_token": d_bytes, "flops_per_token": d_flops,
-            "regime": limit.regime, "bandwidth_Bps": hw.memory_bandwidth_Bps, "flops": hw.peak_flops("fp32"),
-        }
+        return DecodePoint(
+            kind=kind, threads=threads, context_start=context, tokens=tokens, runs_tok_s=rates,
+            runs_spread=max(rates) / min(rates),  # fastest ÷ slowest run: > NOISY_SPREAD flags disturbed runs
+            tok_s=measured, tok_s_predicted=default.decode_tok_s, tok_s_limit=limit.decode_tok_s,
+            efficiency=measured / limit.decode_tok_s, bytes_per_token=d_bytes, flops_per_token=d_flops,
+            regime=limit.regime, bandwidth_Bps=hw.memory_bandwidth_Bps, flops=hw.peak_flops("fp32"),
+        )
 
     for threads in thread_counts:
         n_ctx_here = n_ctx if threads == settings.threads else settings.prompt_tokens + 2 * settings.decode_tokens + 16
-        runner = engine.LlamaRunner(Path(model["path"]), n_ctx=n_ctx_here, n_threads=threads)
+        runner = engine.LlamaRunner(Path(model.path), n_ctx=n_ctx_here, n_threads=threads)
         try:
             step(f"engine: warm-up, {threads} thread{'s' if threads > 1 else ''}")
             runner.prefill(min(32, settings.prompt_tokens))
@@ -290,36 +407,34 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
                     rates = [settings.decode_tokens / runner.decode(settings.decode_tokens)[0] for _ in range(settings.runs)]
                     span = settings.runs * settings.decode_tokens
                     default, limit = predict(arch, hardware[threads], start, span)
-                    point = decode_point("context", threads, start, span, rates, default, limit, hardware[threads])
-                    result["decode"].append(point)
+                    result.decode.append(decode_point("context", threads, start, span, rates, default, limit, hardware[threads]))
                     save()
         finally:
             runner.close()
 
     # 3. the headline ---------------------------------------------------------------------------------
     step("predictions")
-    base = next(p for p in result["decode"] if p["kind"] == "base" and p["threads"] == settings.threads)
-    prefill = next(p for p in result["prefill"] if p["threads"] == settings.threads)
+    base = next(p for p in result.decode if p.kind == "base" and p.threads == settings.threads)
+    prefill = next(p for p in result.prefill if p.threads == settings.threads)
     default, limit = predict(arch, hardware[settings.threads], settings.prompt_tokens, settings.decode_tokens)
-    result.update({
-        "threads": settings.threads,
-        "decode_tok_s_measured": base["tok_s"],
-        "decode_tok_s_predicted": base["tok_s_predicted"],
-        "decode_tok_s_limit": base["tok_s_limit"],
-        "efficiency": base["efficiency"],
-        "prefill_tok_s_measured": prefill["tok_s"],
-        "ttft_s_measured": prefill["median_s"],
-        "ttft_s_predicted": prefill["ttft_s_predicted"],
-        "ttft_s_limit": prefill["ttft_s_limit"],
-        "prefill_efficiency": prefill["efficiency"],
-        "bytes_per_token": default.bytes_per_token,
-        "flops_per_token": default.flops_per_token,
-        "regime": limit.regime,
-        "default_efficiency": {"bw_efficiency": default.bw_efficiency, "flops_efficiency": default.flops_efficiency,
-                               "step_overhead_s": default.step_overhead_s, "basis": default.efficiency_basis},
-    })
-    result["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    result["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    result["complete"] = True
+    result.threads = settings.threads
+    result.decode_tok_s_measured = base.tok_s
+    result.decode_tok_s_predicted = base.tok_s_predicted
+    result.decode_tok_s_limit = base.tok_s_limit
+    result.efficiency = base.efficiency
+    result.prefill_tok_s_measured = prefill.tok_s
+    result.ttft_s_measured = prefill.median_s
+    result.ttft_s_predicted = prefill.ttft_s_predicted
+    result.ttft_s_limit = prefill.ttft_s_limit
+    result.prefill_efficiency = prefill.efficiency
+    result.bytes_per_token = default.bytes_per_token
+    result.flops_per_token = default.flops_per_token
+    result.regime = limit.regime
+    result.default_efficiency = DefaultEfficiency(bw_efficiency=default.bw_efficiency,
+                                                  flops_efficiency=default.flops_efficiency,
+                                                  step_overhead_s=default.step_overhead_s, basis=default.efficiency_basis)
+    result.machine.load_average_end = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    result.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    result.complete = True
     save()
     return result
