@@ -266,11 +266,9 @@ def estimate(
     kv_name = resolved.kv_name
 
     end_context = prompt + output
-    itl = float(core.mean_decode_step_seconds(cost, machine, batch, prompt, end_context))
+    reply = core.reply_decode(cost, machine, batch, prompt, output)
+    itl, step_bytes, step_flops = float(reply.itl_s), float(reply.step_bytes), float(reply.step_flops)
     mid_context = prompt + output / 2
-    step_bytes = float(core.decode_bytes(cost, batch, mid_context))
-    step_flops = float(core.decode_flops(cost, batch, mid_context))
-    memory_s, compute_s = (float(x) for x in core.roofline_seconds(step_bytes, step_flops, machine))
     ttft = _finite_or_none(core.prefill_seconds(cost, machine, batch, prompt))
     if ideal and not math.isfinite(machine.flops):
         ttft = None
@@ -301,7 +299,7 @@ def estimate(
         bytes_per_token=step_bytes / batch,
         flops_per_token=step_flops / batch,
         arithmetic_intensity=step_flops / step_bytes,
-        regime="compute" if compute_s > memory_s else "memory",
+        regime="compute" if reply.compute_bound else "memory",
         critical_batch=_finite_or_none(core.critical_batch(cost, machine, mid_context)),
         total_params=arch.total_params,
         active_params=arch.active_params,

@@ -283,6 +283,24 @@ def mean_decode_step_seconds(cost: CostModel, machine: Machine, batch, context_s
         return np.where(span > 0, area / np.where(span > 0, span, 1.0), times[0])
 
 
+class ReplyDecode(NamedTuple):
+    """Decode over a whole reply: the mean step (ITL) and the work of the mid-context step."""
+
+    itl_s: float | np.ndarray  # mean decode step while the context grows over the reply
+    step_bytes: float | np.ndarray  # bytes of the step at the mean context
+    step_flops: float | np.ndarray
+    compute_bound: bool | np.ndarray  # the mean-context step is compute-bound
+
+
+def reply_decode(cost: CostModel, machine: Machine, batch, prompt, output) -> ReplyDecode:
+    """``batch`` sequences generating ``output`` tokens after ``prompt``: what estimate, sweep and curves report."""
+    mid = prompt + output / 2
+    bytes_read, flops = decode_bytes(cost, batch, mid), decode_flops(cost, batch, mid)
+    memory_s, compute_s = roofline_seconds(bytes_read, flops, machine)
+    compute_bound = compute_s > memory_s if _scalar(memory_s) and _scalar(compute_s) else np.asarray(compute_s) > np.asarray(memory_s)
+    return ReplyDecode(mean_decode_step_seconds(cost, machine, batch, prompt, prompt + output), bytes_read, flops, compute_bound)
+
+
 def prefill_seconds(cost: CostModel, machine: Machine, batch, prompt):
     """Time to prefill ``batch`` prompts of ``prompt`` tokens in one pass (the TTFT every one of them sees)."""
     return step_seconds(cost, machine, prefill_batch(cost, batch, prompt))

@@ -101,12 +101,11 @@ def _curve_points(arch: Architecture, device: Hardware, current: Estimate, kwarg
     resolved = step_model(arch, device, **{k: v for k, v in kwargs.items() if k in _STEP_MODEL_KEYS})
     cost, machine = resolved.cost, resolved.machine
     prompt, output = current.prompt, current.output
-    itl = np.asarray(core.mean_decode_step_seconds(cost, machine, batch, prompt, prompt + output), dtype=float)
-    mid = prompt + output / 2
-    memory_s, compute_s = core.roofline_seconds(core.decode_bytes(cost, batch, mid), core.decode_flops(cost, batch, mid), machine)
+    reply = core.reply_decode(cost, machine, batch, prompt, output)
+    itl = np.asarray(reply.itl_s, dtype=float)
     memory = cost.total_weight_bytes + np.asarray(core.kv_cache_bytes(cost, batch, prompt + output), dtype=float)
     capacity = current.memory_capacity_bytes
-    compute_bound = np.broadcast_to(np.asarray(compute_s) > np.asarray(memory_s), batch.shape)
+    compute_bound = np.broadcast_to(reply.compute_bound, batch.shape)
     return [
         {
             "batch": int(b),

@@ -99,19 +99,18 @@ def sweep_arrays(
         for h, e in zip(hardware, efficiencies)
     ]
     machine = _stack(machines, (len(costs), len(hardware), 1, 1))
-    itl = core.mean_decode_step_seconds(cost, machine, batch, context, context + output)
-    mid = context + output / 2
-    memory_s, compute_s = core.roofline_seconds(core.decode_bytes(cost, batch, mid), core.decode_flops(cost, batch, mid), machine)
+    reply = core.reply_decode(cost, machine, batch, context, output)
+    itl = reply.itl_s
     memory = cost.total_weight_bytes + core.kv_cache_bytes(cost, batch, context + output)
     return {
         "decode_tok_s": 1.0 / itl,
         "itl_s": itl,
         "ttft_s": core.prefill_seconds(cost, machine, batch, context),
         "throughput_tok_s": batch / itl,
-        "bytes_per_token": core.decode_bytes(cost, batch, mid) / batch,
+        "bytes_per_token": reply.step_bytes / batch,
         "memory_bytes": memory,
         "fits": memory <= core.usable_memory_bytes(machine),  # NaN capacity (unknown) compares False
-        "compute_bound": compute_s > memory_s,
+        "compute_bound": reply.compute_bound,
     }
 
 
