@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -175,15 +175,19 @@ def write_records(path: Path, records: list[RequestRecord]) -> None:
     os.replace(temporary, path)
 
 
-def iter_records(path: Path, bad_lines: list[int] | None = None) -> Iterator[RequestRecord]:
+def iter_records(path: Path, bad_lines: list[int] | None = None,
+                 progress: Callable[[int], None] | None = None) -> Iterator[RequestRecord]:
     """The records of a requests.jsonl, streamed. Lines that are not a record (a truncated last line after a kill,
-    a corrupted row) are skipped and their line numbers appended to ``bad_lines``."""
+    a corrupted row) are skipped and their line numbers appended to ``bad_lines``. ``progress``, when given, is
+    called with the byte length of every line read (for a progress bar over the file's size)."""
     try:
         handle = Path(path).open("rb")
     except OSError as error:
         raise file_error(path, error, "bench's requests.jsonl") from None
     with handle:
         for number, line in enumerate(handle, start=1):
+            if progress is not None:
+                progress(len(line))
             if not line.strip():
                 continue
             try:

@@ -1,9 +1,10 @@
-"""Reports and plots: `speedlimit report` (bench results -> self-contained HTML + matplotlib PNGs) and
-`plot_estimate` (the batch curve and roofline behind `speedlimit estimate --plot`).
+"""Reports and plots: `speedlimit report` (a run or sweep of bench or simulate -> self-contained HTML + matplotlib
+PNGs, optionally a predicted run overlaid on a measured one) and `plot_estimate` (the batch curve and roofline
+behind `speedlimit estimate --plot`).
 
-Modules: `curves` (pure estimator curves, shared with the web page), `results` (reading bench output),
-`plots` (matplotlib, Agg), `html` (the report page), `command` (the CLI shell). matplotlib is imported
-only when a plot is drawn.
+Modules: `results` (reading results through `speedlimit.artifacts` into numpy columns), `plots` (matplotlib, Agg),
+`html` (the page: Jinja2 template ``templates/report.html.j2`` with autoescape). The CLI shell is
+`speedlimit.cli.report`. matplotlib is imported only when a plot is drawn.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ def plot_estimate(model: Any, hardware: Any, out_path: str | Path, **estimate_kw
     return draw(model, hardware, out_path, **estimate_kwargs)
 
 
-def build_report(path: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Write report.html and its PNGs for a bench requests.jsonl or output directory; return the HTML path."""
+def build_report(path: str | Path, out_dir: str | Path | None = None, predicted: str | Path | None = None) -> Path:
+    """Write report.html and its PNGs for the results at ``path`` (a requests.jsonl, a run or a sweep directory of
+    bench or simulate), with the results at ``predicted`` overlaid when given; return the HTML path."""
     from speedlimit.report.html import build_report as build
 
-    return build(Path(path), Path(out_dir) if out_dir is not None else None)
+    return build(Path(path), Path(out_dir) if out_dir is not None else None, Path(predicted) if predicted is not None else None)

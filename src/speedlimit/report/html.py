@@ -1,122 +1,235 @@
-"""`speedlimit report`: turn bench results into PNGs and one self-contained HTML page (PNGs inlined as base64).
+"""`speedlimit report`: a run or a sweep (bench's or simulate's files) -> PNGs and one self-contained HTML page.
 
-Sections (HTML ids): ``summary``, ``distributions`` (TTFT/ITL), ``sweep`` (latency vs throughput and
-the knee, when the input is a sweep), ``comparison`` (measured vs predicted, when bench ran with
-``--compare-estimate``), ``timeline`` (per request), ``errors`` (when requests failed).
+The page is the Jinja2 template ``templates/report.html.j2`` rendered with autoescape, so nothing read from a
+results file reaches the page unescaped; this module only turns typed results into a view of plain strings.
+Sections (HTML ids): ``summary``, ``sweep`` (latency vs throughput and the knee), ``overlay`` (a predicted run or
+sweep next to the measured one, `--predicted`), ``distributions`` (TTFT/ITL), ``comparison`` (bench's
+``--compare-estimate``), ``timeline`` (per request), ``errors`` (when requests failed); ``skipped`` notes lines of
+requests.jsonl that were not records.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as _dt
-import html
 import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from jinja2 import Environment, PackageLoader
 
+from speedlimit.artifacts import PredictionBlock, RunSummary, SweepSummary
 from speedlimit.errors import SpeedlimitError
 from speedlimit.report import plots
-from speedlimit.report.results import Results, load_results
+from speedlimit.report.results import Progress, Results, load_results
+from speedlimit.units import format_count, format_seconds
 
 LATENCY_METRICS = {"ttft_s", "itl_s", "tpot_s", "e2e_s"}
-CSS = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#1d2330;max-width:1200px;margin:0 auto;padding:16px 24px;background:#fafbfc}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:24px 0 8px;border-bottom:1px solid #e4e7ec;padding-bottom:4px}
-.muted{color:#667085}table{border-collapse:collapse;background:#fff;margin:6px 0}th,td{border:1px solid #e4e7ec;padding:4px 10px;text-align:right}
-th:first-child,td:first-child,td.text{text-align:left}th{background:#f2f4f7}img{max-width:100%;background:#fff;border:1px solid #e4e7ec;border-radius:6px}
-"""
+ROLE = {"bench": "measured", "simulate": "predicted"}
+_MAX_TEXT = 300  # characters of one value shown from a file (error texts, endpoint fields)
+
+_environment = Environment(loader=PackageLoader("speedlimit.report", "templates"), autoescape=True,
+                           trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True)
 
 
-def _fmt_s(value: Any) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        return "–"
-    if value == 0:
-        return "0 s"
-    if abs(value) < 1e-3:
-        return f"{value * 1e6:.3g} µs"
-    if abs(value) < 1:
-        return f"{value * 1e3:.3g} ms"
-    return f"{value:.3g} s"
+# ------------------------------------------------------------------------------------------------ formatting
 
 
-def _fmt(value: Any, unit: str = "") -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        return "–" if value is None else html.escape(str(value))
+def _number(value: Any, unit: str = "") -> str:
+    """3 significant digits (thousands separated above 1,000); the missing-value glyph for None/NaN."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return format_count(None)
     text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-    return f"{text}{(' ' + unit) if unit else ''}"
+    return f"{text} {unit}".rstrip()
 
 
-def _percentiles(values: list[float]) -> dict[str, float | None]:
-    array = np.asarray(values, dtype=float)
-    if array.size == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    return {"mean": float(array.mean()), **{f"p{q}": float(np.percentile(array, q)) for q in (50, 90, 99)}}
+def _ratio(measured: float | None, predicted: float | None) -> str:
+    if measured is None or not predicted:
+        return format_count(None)
+    return f"{measured / predicted:.3g}×"
 
 
-def measured_summary(results: Results) -> dict[str, Any]:
-    """The headline numbers: from summary.json when bench wrote one, else recomputed from the requests."""
-    if results.summary:
-        return results.summary
-    done = results.completed
-    spans = plots.request_spans(results)
-    duration = max((s["end"] for s in spans), default=0.0)
-    output_tokens = sum(r.get("output_tokens") or 0 for r in done)
+def _text(value: Any) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 1] + "…"
+
+
+def _image(path: Path | None) -> str | None:
+    return base64.b64encode(path.read_bytes()).decode("ascii") if path is not None else None
+
+
+# ------------------------------------------------------------------------------------------------ sections
+
+
+def _about(results: Results) -> list[tuple[str, str]]:
+    """What produced the results: its source (bench or simulate), where it sent, what it simulated."""
+    runs = results.runs
+    if not runs:
+        return []
+    first = runs[0]
+    rows = [("source", f"{first.source} ({ROLE.get(first.source, first.source)})")]
+    for name, block in (("endpoint", results.sweep.endpoint if results.sweep else first.endpoint),
+                        ("engine", results.sweep.engine if results.sweep else first.engine)):
+        for key, value in (block or {}).items():
+            rows.append((_text(f"{name} {key}"), _text(value)))
+    if first.offered_load is not None and results.sweep is None:
+        load = first.offered_load
+        rows.append(("load", f"concurrency {load.concurrency}" if load.concurrency else f"rate {_number(load.rate)} req/s"))
+    if first.slo:
+        rows.append(("SLO", _text(", ".join(f"{key} ≤ {format_seconds(bound)}" for key, bound in first.slo.items()))))
+    return rows
+
+
+def _summary(summary: RunSummary, recomputed: bool) -> dict[str, Any]:
+    rows = [
+        ("requests", _number(summary.requests)),
+        ("completed", _number(summary.completed)),
+        ("failed", _number(summary.failed)),
+        ("duration", format_seconds(summary.duration_s) if summary.duration_s else format_count(None)),
+        ("output tok/s", _number(summary.output_tok_s)),
+        ("requests/s", _number(summary.request_s)),
+    ]
+    if summary.slo:
+        rows.append(("goodput (requests/s meeting the SLO)", _number(summary.goodput_request_s)))
+    latency = [[name] + [format_seconds(getattr(getattr(summary, attr), q)) for q in ("mean", "p50", "p90", "p95", "p99")]
+               for attr, name in plots.LATENCIES]
+    note = "Computed from requests.jsonl: there is no summary.json beside it." if recomputed else ""
+    return {"rows": rows, "latency": latency, "note": note}
+
+
+def _sweep(sweep: SweepSummary, out_dir: Path, predicted: SweepSummary | None) -> dict[str, Any]:
+    info = sweep.sweep
+    parameter = info.parameter
+    if info.knee_load is not None:
+        knee = (f"Knee at {parameter} = {info.knee_load:g} ({_number(info.knee_output_tok_s)} output tok/s, the lowest load "
+                f"reaching {_number(100 * info.knee_fraction)}% of the saturation throughput "
+                f"{_number(info.saturation_output_tok_s)} tok/s).")
+    else:
+        knee = "No knee in this sweep."
+    if info.slo_max_load is not None:
+        knee += f" The highest {parameter} that meets the SLOs: {info.slo_max_load:g}."
+    rows = [[f"{p.sweep_value:g}", _number(p.output_tok_s), format_seconds(p.ttft_s.p50), format_seconds(p.ttft_s.p99),
+             format_seconds(p.tpot_s.p50), format_seconds(p.itl_s.p50), format_seconds(p.itl_s.p99), format_seconds(p.e2e_s.p50),
+             _number(p.failed)] for p in plots.sweep_points(sweep)]
+    sweeps = [(ROLE.get(sweep.points[0].source, "first") if predicted else "measured", sweep)]
+    if predicted is not None:
+        sweeps.append(("predicted", predicted))
     return {
-        "requests": len(results.requests),
-        "completed": len(done),
-        "failed": len(results.failed),
-        "duration_s": duration if duration > 0 else None,
-        "output_tok_s": output_tokens / duration if duration > 0 else None,
-        "request_s": len(done) / duration if duration > 0 else None,
-        "ttft_s": _percentiles([r["ttft_s"] for r in done if isinstance(r.get("ttft_s"), (int, float))]),
-        "itl_s": _percentiles([g for r in done for g in (r.get("itl_s") or [])]),
-        "tpot_s": _percentiles([r["tpot_s"] for r in done if isinstance(r.get("tpot_s"), (int, float))]),
-        "e2e_s": _percentiles([r["e2e_s"] for r in done if isinstance(r.get("e2e_s"), (int, float))]),
-        "output_tokens": output_tokens,
+        "knee": knee,
+        "head": [parameter, "output tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "ITL p50", "ITL p99", "E2E p50", "failed"],
+        "rows": rows,
+        "image": _image(plots.plot_sweep(sweeps, out_dir / "sweep.png")),
     }
 
 
-def _img(path: Path | None, alt: str) -> str:
-    if path is None:
-        return f'<p class="muted">No data for: {html.escape(alt)}.</p>'
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+def _overlay_runs(measured: RunSummary, predicted: RunSummary, out_dir: Path) -> tuple[list[str], list[list[str]], str | None]:
+    rows = []
+    for attr, name in plots.LATENCIES:
+        for q in ("mean", "p50", "p90", "p99"):
+            m, p = getattr(getattr(measured, attr), q), getattr(getattr(predicted, attr), q)
+            if m is not None or p is not None:
+                rows.append([f"{name} {q}", format_seconds(m), format_seconds(p), _ratio(m, p)])
+    for attr, name in (("output_tok_s", "output tok/s"), ("request_s", "requests/s"), ("goodput_request_s", "goodput requests/s")):
+        m, p = getattr(measured, attr), getattr(predicted, attr)
+        rows.append([name, _number(m), _number(p), _ratio(m, p)])
+    image = _image(plots.plot_overlay([("measured", measured), ("predicted", predicted)], out_dir / "overlay.png"))
+    return ["metric", "measured", "predicted", "measured ÷ predicted"], rows, image
 
 
-def _summary_section(summary: dict[str, Any]) -> str:
-    rows = [
-        ("requests", _fmt(summary.get("requests"))),
-        ("completed", _fmt(summary.get("completed"))),
-        ("failed", _fmt(summary.get("failed"))),
-        ("duration", _fmt_s(summary.get("duration_s"))),
-        ("output tok/s", _fmt(summary.get("output_tok_s"))),
-        ("requests/s", _fmt(summary.get("request_s"))),
-    ]
-    table = "".join(f"<tr><td>{name}</td><td>{value}</td></tr>" for name, value in rows)
-    latency_rows = []
-    for metric, label in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")):
-        dist = summary.get(metric) or {}
-        if isinstance(dist, dict):
-            latency_rows.append(f"<tr><td>{label}</td>" + "".join(f"<td>{_fmt_s(dist.get(k))}</td>" for k in ("mean", "p50", "p90", "p99")) + "</tr>")
-    latency = "<table><tr><th>latency</th><th>mean</th><th>p50</th><th>p90</th><th>p99</th></tr>" + "".join(latency_rows) + "</table>"
-    return f'<section id="summary"><h2>Summary</h2><table>{table}</table>{latency}</section>'
-
-
-def _comparison_rows(comparison: dict[str, Any]) -> str:
-    out = []
-    for name, row in comparison.items():
-        if not isinstance(row, dict):
+def _overlay_sweeps(measured: SweepSummary, predicted: SweepSummary) -> tuple[list[str], list[list[str]]]:
+    by_load = {p.sweep_value: p for p in plots.sweep_points(predicted)}
+    rows = []
+    for m in plots.sweep_points(measured):
+        p = by_load.get(m.sweep_value)
+        if p is None:
             continue
-        fmt = _fmt_s if name in LATENCY_METRICS else _fmt
-        out.append(f"<tr><td>{html.escape(name)}</td><td>{fmt(row.get('measured'))}</td><td>{fmt(row.get('predicted'))}</td><td>{_fmt(row.get('ratio'))}</td></tr>")
-    return "".join(out)
+        load = f"{m.sweep_value:g}"
+        rows.append([load, "output tok/s", _number(m.output_tok_s), _number(p.output_tok_s), _ratio(m.output_tok_s, p.output_tok_s),
+                     "", "", ""])
+        for attr, name in plots.LATENCIES:
+            dm, dp = getattr(m, attr), getattr(p, attr)
+            if dm.n or dp.n:
+                rows.append([load, name, format_seconds(dm.p50), format_seconds(dp.p50), _ratio(dm.p50, dp.p50),
+                             format_seconds(dm.p99), format_seconds(dp.p99), _ratio(dm.p99, dp.p99)])
+    head = [measured.sweep.parameter, "metric", "p50 measured", "p50 predicted", "p50 ratio", "p99 measured", "p99 predicted", "p99 ratio"]
+    return head, rows
 
 
-def build_report(path: Path, out_dir: Path | None = None) -> Path:
+def _overlay(measured: Results, predicted: Results, out_dir: Path) -> dict[str, Any]:
+    where = f"Measured: {measured.source} ({measured.runs[0].source}); predicted: {predicted.source} ({predicted.runs[0].source})."
+    if measured.sweep is not None and predicted.sweep is not None:
+        if measured.sweep.sweep.parameter != predicted.sweep.sweep.parameter:
+            raise SpeedlimitError(f"cannot overlay a {predicted.sweep.sweep.parameter} sweep ({predicted.source}) on a "
+                                  f"{measured.sweep.sweep.parameter} sweep ({measured.source}); sweep the same parameter")
+        head, rows = _overlay_sweeps(measured.sweep, predicted.sweep)
+        intro = (f"{where} Ratios are measured ÷ predicted at each load level both sweeps ran; the curves share the axes "
+                 "of the sweep plot above (predicted dashed).")
+        return {"intro": intro, "head": head, "rows": rows, "image": None}
+    if measured.summary is not None and predicted.summary is not None:
+        head, rows, image = _overlay_runs(measured.summary, predicted.summary, out_dir)
+        return {"intro": where + " Ratios are measured ÷ predicted (above 1: slower or more than predicted).",
+                "head": head, "rows": rows, "image": image}
+    kinds = {True: "a sweep", False: "a single run"}
+    raise SpeedlimitError(f"cannot overlay {kinds[predicted.sweep is not None]} ({predicted.source}) on "
+                          f"{kinds[measured.sweep is not None]} ({measured.source}); pass two runs or two sweeps")
+
+
+def _comparison_block(block: PredictionBlock, title: str, image_path: Path | None) -> dict[str, Any] | None:
+    if not block.comparison:
+        return None
+    rows = []
+    for name, row in block.comparison.items():
+        fmt = format_seconds if name in LATENCY_METRICS else _number
+        rows.append([_text(name), fmt(row.measured), fmt(row.predicted), _number(row.ratio)])
+    inputs = ", ".join(f"{key} {value:g}" for key, value in block.inputs.items())
+    intro = _text(f"{block.method.capitalize()} for {block.model} on {block.hardware}" + (f", {inputs}" if inputs else "") + ".")
+    image = _image(plots.plot_comparison(block.comparison, image_path)) if image_path is not None else None
+    return {"title": title, "intro": intro, "rows": rows, "image": image}
+
+
+def _comparison(results: Results, out_dir: Path) -> list[dict[str, Any]]:
+    if results.sweep is None:
+        block = results.summary.estimate if results.summary else None
+        shown = _comparison_block(block, "", out_dir / "comparison.png") if block else None
+        return [shown] if shown else []
+    blocks = []
+    for point in plots.sweep_points(results.sweep):
+        if point.estimate is not None:
+            shown = _comparison_block(point.estimate, f"{results.sweep.sweep.parameter} = {point.sweep_value:g}", None)
+            if shown:
+                blocks.append(shown)
+    return blocks
+
+
+def _errors(results: Results) -> list[list[str]]:
+    if results.requests is not None and results.requests.errors:
+        return [[_text(kind), _number(count), _text(example)] for kind, (count, example) in results.requests.errors.items()]
+    counts: dict[str, int] = {}
+    for run in results.runs:
+        for kind, count in run.errors.items():
+            counts[kind] = counts.get(kind, 0) + count
+    return [[_text(kind), _number(count), ""] for kind, count in sorted(counts.items())]
+
+
+def skipped_message(results: Results) -> str:
+    """One line about the lines of requests.jsonl that were not records ('' when none were)."""
+    if not results.skipped:
+        return ""
+    parts = []
+    for path, lines in results.bad_lines.items():
+        shown = ", ".join(str(n) for n in lines[:5]) + (", …" if len(lines) > 5 else "")
+        parts.append(f"{path} line{'s' if len(lines) > 1 else ''} {shown}")
+    kept = f"{len(results.requests):,} requests" if results.requests is not None else "the rest"
+    return (f"skipped {results.skipped:,} line{'s' if results.skipped > 1 else ''} that {'are' if results.skipped > 1 else 'is'} "
+            f"not a request record ({'; '.join(parts)}: a truncated last line is what a killed run leaves); "
+            f"reported the other {kept}")
+
+
+# ------------------------------------------------------------------------------------------------ the page
+
+
+def render_report(results: Results, out_dir: Path | None = None, predicted: Results | None = None) -> Path:
     """Write report.html and its PNGs into ``out_dir`` (default: ``<results dir>/report``); return the HTML path."""
-    results = load_results(path)
     source_dir = results.source if results.source.is_dir() else results.source.parent
     out_dir = Path(out_dir) if out_dir is not None else source_dir / "report"
     try:
@@ -124,83 +237,36 @@ def build_report(path: Path, out_dir: Path | None = None) -> Path:
     except OSError as error:
         raise SpeedlimitError(f"cannot create {out_dir} ({error.strerror or error}); pass --out DIR") from None
 
-    sections = []
-    if results.sweep is None:
-        sections.append(_summary_section(measured_summary(results)))
-    else:
-        info = results.sweep["sweep"]
-        parameter = html.escape(str(info.get("parameter", "load")))
-        rows = "".join(
-            f"<tr><td>{r['load']:g}</td><td>{_fmt(r['output_tok_s'])}</td><td>{_fmt_s(r['ttft_s_p50'])}</td><td>{_fmt_s(r['ttft_s_p99'])}</td>"
-            f"<td>{_fmt_s(r['itl_s_p50'])}</td><td>{_fmt_s(r['itl_s_p99'])}</td><td>{_fmt_s(r['e2e_s_p50'])}</td><td>{_fmt(r['failed'])}</td></tr>"
-            for r in plots.sweep_rows(results.sweep)
-        )
-        knee = info.get("knee_load")
-        knee_text = (
-            f"Knee at {parameter} = {knee:g} ({_fmt(info.get('knee_output_tok_s'))} output tok/s, the lowest load reaching "
-            f"{_fmt(100 * (info.get('knee_fraction') or 0.9))}% of the saturation throughput {_fmt(info.get('saturation_output_tok_s'))} tok/s)."
-            if isinstance(knee, (int, float)) else "No knee in this sweep."
-        )
-        sweep_png = plots.plot_sweep(results.sweep, out_dir / "sweep.png")
-        sections.append(
-            f'<section id="sweep"><h2>Latency vs throughput across the sweep</h2><p>{knee_text}</p>'
-            f"<table><tr><th>{parameter}</th><th>output tok/s</th><th>TTFT p50</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p99</th><th>E2E p50</th><th>failed</th></tr>{rows}</table>"
-            f"{_img(sweep_png, 'latency vs throughput')}</section>"
-        )
-
-    dist_png = plots.plot_distributions(results, out_dir / "distributions.png")
-    sections.append(f'<section id="distributions"><h2>TTFT and inter-token latency distributions</h2>{_img(dist_png, "TTFT and ITL distributions")}</section>')
-
-    comparison_html = _comparison_section(results, out_dir)
-    if comparison_html:
-        sections.append(comparison_html)
-
-    timeline_png = plots.plot_timeline(results, out_dir / "timeline.png")
-    sections.append(f'<section id="timeline"><h2>Per-request timeline</h2>{_img(timeline_png, "per-request timeline")}</section>')
-
-    failed = results.failed
-    if failed:
-        kinds: dict[str, list[dict[str, Any]]] = {}
-        for r in failed:
-            kinds.setdefault(str(r.get("error_kind") or "error"), []).append(r)
-        rows = "".join(
-            f"<tr><td>{html.escape(kind)}</td><td>{len(rows)}</td><td class='text'>{html.escape(str(rows[0].get('error_text') or rows[0].get('error') or '')[:300])}</td></tr>"
-            for kind, rows in sorted(kinds.items())
-        )
-        sections.append(f'<section id="errors"><h2>Errors</h2><table><tr><th>kind</th><th>count</th><th>example</th></tr>{rows}</table></section>')
-
-    generated = _dt.datetime.now().isoformat(timespec="seconds")
-    page = (
-        f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>speedlimit report: {html.escape(results.source.name)}</title>"
-        f"<style>{CSS}</style></head><body><h1>speedlimit report</h1>"
-        f"<p class=\"muted\">{html.escape(str(results.source))} — {len(results.requests)} requests — generated {generated}</p>"
-        + "".join(sections)
-        + "</body></html>\n"
-    )
+    overlay = _overlay(results, predicted, out_dir) if predicted is not None else None
+    requests = results.requests
+    context = {
+        "title": results.source.name,
+        "source": str(results.source),
+        "what": (f"{len(requests):,} requests" if requests is not None else "summary only (no requests.jsonl)")
+        + (f" in {len(results.sweep.points)} load levels" if results.sweep else ""),
+        "generated": _dt.datetime.now().isoformat(timespec="seconds"),
+        "about": _about(results),
+        "skipped": (lambda line: line[:1].upper() + line[1:])(skipped_message(results)),
+        "summary": _summary(results.summary, results.recomputed) if results.summary is not None else None,
+        "sweep": _sweep(results.sweep, out_dir, predicted.sweep if predicted else None) if results.sweep is not None else None,
+        "overlay": overlay,
+        "distributions": _image(plots.plot_distributions(requests, results.summary, out_dir / "distributions.png")) if requests else None,
+        "comparison": _comparison(results, out_dir),
+        "timeline": _image(plots.plot_timeline(requests, out_dir / "timeline.png")) if requests else None,
+        "errors": _errors(results),
+    }
+    page = _environment.get_template("report.html.j2").render(context)
     report_path = out_dir / "report.html"
-    report_path.write_text(page, encoding="utf-8")
+    try:
+        report_path.write_text(page, encoding="utf-8")
+    except OSError as error:
+        raise SpeedlimitError(f"cannot write {report_path} ({error.strerror or error}); pass --out DIR") from None
     return report_path
 
 
-def _comparison_section(results: Results, out_dir: Path) -> str:
-    if results.sweep is None:
-        block = (results.summary or {}).get("estimate")
-        if not isinstance(block, dict) or not isinstance(block.get("comparison"), dict):
-            return ""
-        png = plots.plot_comparison(block["comparison"], out_dir / "comparison.png")
-        inputs = block.get("inputs") or {}
-        what = f"{block.get('model', '?')} on {block.get('hardware', '?')}, " + ", ".join(f"{k} {v}" for k, v in inputs.items())
-        return (
-            f'<section id="comparison"><h2>Measured vs predicted</h2><p class="muted">Estimate for {html.escape(what)}.</p>'
-            f"<table><tr><th>metric</th><th>measured</th><th>predicted</th><th>measured ÷ predicted</th></tr>{_comparison_rows(block['comparison'])}</table>"
-            f"{_img(png, 'measured vs predicted')}</section>"
-        )
-    parameter = results.sweep["sweep"].get("parameter", "load")
-    tables = []
-    for point in results.sweep["points"]:
-        block = point.get("estimate")
-        if isinstance(block, dict) and isinstance(block.get("comparison"), dict):
-            tables.append(f"<h3>{html.escape(str(parameter))} = {point.get('sweep_value', point.get(parameter))}</h3><table><tr><th>metric</th><th>measured</th><th>predicted</th><th>measured ÷ predicted</th></tr>{_comparison_rows(block['comparison'])}</table>")
-    if not tables:
-        return ""
-    return '<section id="comparison"><h2>Measured vs predicted</h2>' + "".join(tables) + "</section>"
+def build_report(path: Path, out_dir: Path | None = None, predicted: Path | None = None,
+                 on_progress: Progress | None = None) -> Path:
+    """Read the results at ``path`` (and ``predicted``, to overlay) and write the report; return the HTML path."""
+    results = load_results(path, on_progress)
+    other = load_results(predicted, on_progress) if predicted is not None else None
+    return render_report(results, out_dir, other)

@@ -1,5 +1,7 @@
-"""matplotlib figures (Agg backend, PNG): bench-result plots for `speedlimit report` and the estimate
-plot for `speedlimit estimate --plot` (`plot_estimate`). Each function writes one PNG and returns its path.
+"""matplotlib figures (Agg backend, PNG): the run plots of `speedlimit report` (from `RequestColumns` and the
+typed summaries) and the estimate plot of `speedlimit estimate --plot` (`plot_estimate`). Each function writes one
+PNG and returns its path (None when there is nothing to draw). Text that came from a file is drawn literally
+(`_literal`: no mathtext).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from matplotlib.ticker import EngFormatter  # noqa: E402
 
 from speedlimit.errors import SpeedlimitError  # noqa: E402
 from speedlimit.estimator.curves import batch_curve, roofline  # noqa: E402
-from speedlimit.report.results import Results  # noqa: E402
+from speedlimit.artifacts import Comparison, RunSummary, SweepSummary  # noqa: E402
+from speedlimit.report.results import RequestColumns  # noqa: E402
 
 BLUE, ORANGE, RED, GREY = "#2463eb", "#f59e0b", "#dc2626", "#98a2b3"
 DPI = 110
@@ -35,8 +38,9 @@ def _save(fig, out_path: Path) -> Path:
     return out_path
 
 
-def _numbers(values) -> np.ndarray:
-    return np.asarray([v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)], dtype=float)
+def _literal(text: str) -> str:
+    """``text`` drawn as is: a ``$`` from a file must not start mathtext (which can fail to parse)."""
+    return str(text).replace("$", r"\$")
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,158 +108,136 @@ def plot_estimate(model, hardware, out_path, **estimate_kwargs) -> Path:
 
 
 # --------------------------------------------------------------------------------------------
-# bench results
+# runs (bench measures them, simulate predicts them)
+
+#: At most this many requests are drawn as bars in a timeline; past it an evenly spaced sample by start time.
+TIMELINE_MAX_BARS = 2_000
+LATENCIES = (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))
 
 
-def plot_distributions(results: Results, out_path: Path) -> Path | None:
-    """Histograms of TTFT and of every inter-token gap (pooled), with p50 and p99 marked."""
-    done = results.completed
-    ttft = _numbers(r.get("ttft_s") for r in done)
-    itl = _numbers(gap for r in done for gap in (r.get("itl_s") or []))
+def plot_distributions(requests: RequestColumns, summary: RunSummary | None, out_path: Path) -> Path | None:
+    """Histograms of TTFT and of the pooled inter-token gaps; p50 and p99 marked (from ``summary`` when given)."""
+    ttft = requests.ttft_s[requests.ok & np.isfinite(requests.ttft_s)]
+    itl = requests.itl_s
     if ttft.size == 0 and itl.size == 0:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, values, name in ((axes[0], ttft, "TTFT"), (axes[1], itl, "inter-token latency")):
+    panels = ((axes[0], ttft, "TTFT", summary.ttft_s if summary else None, ""),
+              (axes[1], itl, "inter-token latency", summary.itl_s if summary else None,
+               " (an even sample)" if requests.itl_sampled else ""))
+    for ax, values, name, dist, note in panels:
         if values.size == 0:
             ax.text(0.5, 0.5, f"no {name} data", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
             continue
         ms = values * 1e3
-        ax.hist(ms, bins=min(60, max(10, int(math.sqrt(ms.size)))), color=BLUE, alpha=0.8)
+        marks = {50: dist.p50, 99: dist.p99} if dist is not None and dist.n else {}
+        high = float(np.percentile(ms, 99.9))  # the far tail would squeeze the histogram into one bar
+        ax.hist(np.minimum(ms, high), bins=min(60, max(10, int(math.sqrt(ms.size)))), color=BLUE, alpha=0.8)
         for q, style in ((50, "-"), (99, "--")):
-            value = float(np.percentile(ms, q))
+            value = marks[q] * 1e3 if marks.get(q) is not None else float(np.percentile(ms, q))
             ax.axvline(value, color=RED, ls=style, lw=1.2, label=f"p{q} {value:.3g} ms")
-        ax.set_xlabel(f"{name} (ms)")
+        ax.set_xlabel(f"{name} (ms; beyond p99.9 counted in the last bar)")
         ax.set_ylabel("count")
-        ax.set_title(f"{name}: n={values.size}, mean {ms.mean():.3g} ms")
+        ax.set_title(f"{name}: n={values.size:,}{note}, mean {ms.mean():.3g} ms")
         ax.legend(fontsize=8)
         ax.grid(True, alpha=0.25)
     return _save(fig, out_path)
 
 
-def request_spans(results: Results) -> list[dict[str, Any]]:
-    """(start, ttft, end) seconds from the first request's start, per request that has timing."""
-    rows = []
-    for r in results.requests:
-        start = None
-        if _numbers([r.get("start_ns")]).size and r.get("start_ns"):
-            start = float(r["start_ns"]) / 1e9
-        elif _numbers([r.get("start_s")]).size:
-            start = float(r["start_s"])
-        if start is None:
-            continue
-        e2e = r.get("e2e_s")
-        if _numbers([e2e]).size:
-            end = start + float(e2e)
-        elif _numbers([r.get("end_ns")]).size and r.get("end_ns"):
-            end = float(r["end_ns"]) / 1e9
-        elif _numbers([r.get("end_s")]).size:
-            end = float(r["end_s"])
-        else:
-            end = start
-        ttft = r.get("ttft_s") if _numbers([r.get("ttft_s")]).size else None
-        rows.append({"start": start, "end": max(end, start), "ttft": ttft, "ok": not (r.get("error_kind") or r.get("error")), "load": r.get("_load")})
-    if not rows:
-        return []
-    origin = min(row["start"] for row in rows)
-    for row in rows:
-        row["start"] -= origin
-        row["end"] -= origin
-    return sorted(rows, key=lambda row: row["start"])
-
-
-def plot_timeline(results: Results, out_path: Path) -> Path | None:
-    """One horizontal bar per request: waiting for the first token (light), streaming (dark), failed (red)."""
-    spans = request_spans(results)
-    if not spans:
+def plot_timeline(requests: RequestColumns, out_path: Path, max_bars: int = TIMELINE_MAX_BARS) -> Path | None:
+    """One bar per request: waiting for the first token (light), streaming (dark), failed (red); at most ``max_bars``."""
+    total = len(requests)
+    if total == 0:
         return None
-    height = min(12.0, max(3.0, 0.04 * len(spans) + 2))
-    fig, ax = plt.subplots(figsize=(12, height))
-    y = np.arange(len(spans))
-    starts = np.array([s["start"] for s in spans])
-    ends = np.array([s["end"] for s in spans])
-    ttfts = np.array([s["ttft"] if s["ttft"] is not None and s["ok"] else 0.0 for s in spans])
-    ok = np.array([s["ok"] for s in spans])
-    bar_height = 0.8 if len(spans) < 200 else 1.0
+    order = np.argsort(requests.start_s, kind="stable")
+    if total > max_bars:
+        order = order[np.linspace(0, total - 1, max_bars).round().astype(int)]
+    starts = requests.start_s[order]
+    ends = starts + np.nan_to_num(requests.e2e_s[order], nan=0.0).clip(min=0)
+    ok = requests.ok[order]
+    ttfts = np.where(ok, np.nan_to_num(requests.ttft_s[order], nan=0.0), 0.0)
+    y = np.arange(order.size)
+    fig, ax = plt.subplots(figsize=(12, min(12.0, max(3.0, 0.04 * order.size + 2))))
+    bar_height = 0.8 if order.size < 200 else 1.0
     ax.barh(y[ok], ttfts[ok], left=starts[ok], height=bar_height, color="#bfdbfe", label="waiting for first token")
     ax.barh(y[ok], (ends - starts - ttfts)[ok], left=(starts + ttfts)[ok], height=bar_height, color=BLUE, label="streaming")
     if (~ok).any():
         ax.barh(y[~ok], np.maximum((ends - starts)[~ok], 1e-3), left=starts[~ok], height=bar_height, color=RED, label="failed")
+    shown = f"{order.size:,} of {total:,} requests (evenly by start time)" if order.size < total else f"{total:,} requests"
     ax.set_xlabel("seconds since the first request was sent")
     ax.set_ylabel("request (by start time)")
-    ax.set_title(f"Per-request timeline: {len(spans)} requests, {int((~ok).sum())} failed")
+    ax.set_title(f"Per-request timeline: {shown}, {requests.failed:,} failed in all")
     ax.invert_yaxis()
     ax.grid(True, axis="x", alpha=0.25)
     ax.legend(fontsize=8, loc="lower right")
     return _save(fig, out_path)
 
 
-def sweep_rows(sweep: dict[str, Any]) -> list[dict[str, Any]]:
-    parameter = sweep["sweep"].get("parameter", "load")
-    rows = []
-    for point in sweep["points"]:
-        load = point.get("sweep_value", point.get(parameter))
-        throughput = point.get("output_tok_s")
-        if not isinstance(load, (int, float)) or not isinstance(throughput, (int, float)):
-            continue
-        rows.append({
-            "load": float(load),
-            "output_tok_s": float(throughput),
-            **{f"{metric}_{q}": (point.get(metric) or {}).get(q) for metric in ("ttft_s", "itl_s", "e2e_s") for q in ("p50", "p99")},
-            "failed": point.get("failed", 0),
-        })
-    return sorted(rows, key=lambda row: row["load"])
+def sweep_points(sweep: SweepSummary) -> list[RunSummary]:
+    """The sweep's runs that have a load level, by load."""
+    return sorted((p for p in sweep.points if p.sweep_value is not None), key=lambda p: p.sweep_value)
 
 
-def plot_sweep(sweep: dict[str, Any], out_path: Path) -> Path | None:
-    """Throughput vs load, and latency (p50/p99 ITL, TTFT) vs throughput, with the knee marked."""
-    rows = sweep_rows(sweep)
-    if not rows:
+def plot_sweep(sweeps: list[tuple[str, SweepSummary]], out_path: Path) -> Path | None:
+    """Throughput vs load, and latency (p50/p99 TTFT and TPOT) vs throughput, every sweep on the same axes; the
+    first sweep solid with its knee marked, the others dashed (e.g. measured vs predicted)."""
+    if not any(sweep_points(sweep) for _, sweep in sweeps):
         return None
-    info = sweep["sweep"]
-    parameter = info.get("parameter", "load")
-    knee_load = info.get("knee_load")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4.6), layout="constrained")
-    loads = [r["load"] for r in rows]
-    tput = [r["output_tok_s"] for r in rows]
-    left.plot(loads, tput, "o-", color=BLUE)
-    if knee_load is not None:
-        left.axvline(knee_load, color=RED, ls="--", lw=1.2, label=f"knee: {parameter}={knee_load:g}")
-        left.legend(fontsize=8)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4.8), layout="constrained")
+    parameter = sweeps[0][1].sweep.parameter
+    for number, (label, sweep) in enumerate(sweeps):
+        points = sweep_points(sweep)
+        if not points:
+            continue
+        first = number == 0
+        loads = [p.sweep_value for p in points]
+        tput = [p.output_tok_s for p in points]
+        left.plot(loads, tput, "o-" if first else "s--", color=BLUE if first else GREY, mfc=None if first else "none",
+                  label=_literal(label))
+        for metric, color in (("tpot_s", BLUE), ("ttft_s", ORANGE)):
+            for q, marker in (("p50", "o"), ("p99", "s")):
+                pairs = [(x, getattr(getattr(p, metric), q) * 1e3) for x, p in zip(tput, points)
+                         if getattr(getattr(p, metric), q) is not None]
+                if pairs:
+                    right.plot(*zip(*pairs), marker + ("-" if first else ":"), color=color, ms=4, mfc=None if first else "none",
+                               alpha=1.0 if first else 0.8, label=_literal(f"{metric[:-2].upper()} {q} ({label})"))
+        if first:
+            for p in points:
+                value = p.tpot_s.p50 or p.ttft_s.p50
+                if value:
+                    right.annotate(f"{p.sweep_value:g}", (p.output_tok_s, value * 1e3), fontsize=7, color="#475467",
+                                   xytext=(3, 3), textcoords="offset points")
+            knee = sweep.sweep.knee_load
+            if knee is not None:
+                left.axvline(knee, color=RED, ls="--", lw=1.2, label=f"knee: {parameter}={knee:g}")
+                knee_point = next((p for p in points if p.sweep_value == knee), None)
+                if knee_point is not None:
+                    right.axvline(knee_point.output_tok_s, color=RED, ls="--", lw=1.2, label=f"knee ({knee_point.output_tok_s:.3g} tok/s)")
     left.set_xscale("log", base=2)
     left.set_xlabel(parameter)
     left.set_ylabel("output tok/s")
     left.set_title("Throughput vs load")
     left.grid(True, which="both", alpha=0.25)
-    for metric, color in (("itl_s", BLUE), ("ttft_s", ORANGE)):
-        for q, style in (("p50", "o-"), ("p99", "s--")):
-            ys = [r[f"{metric}_{q}"] for r in rows]
-            pairs = [(x, y * 1e3) for x, y in zip(tput, ys) if isinstance(y, (int, float))]
-            if pairs:
-                right.plot(*zip(*pairs), style, color=color, ms=4, label=f"{metric[:-2].upper()} {q}")
-    knee = next((r for r in rows if r["load"] == knee_load), None)
-    if knee is not None:
-        right.axvline(knee["output_tok_s"], color=RED, ls="--", lw=1.2, label=f"knee ({knee['output_tok_s']:.3g} tok/s)")
-    for r in rows:
-        right.annotate(f"{r['load']:g}", (r["output_tok_s"], (r["itl_s_p50"] or 0) * 1e3), fontsize=7, color="#475467", xytext=(3, 3), textcoords="offset points")
+    left.legend(fontsize=8)
     right.set_yscale("log")
     right.set_xlabel("output tok/s")
     right.set_ylabel("latency (ms)")
     right.set_title("Latency vs throughput (labels: load)")
     right.grid(True, which="both", alpha=0.25)
-    right.legend(fontsize=8)
+    right.legend(fontsize=7)
     return _save(fig, out_path)
 
 
-def plot_comparison(comparison: dict[str, dict[str, Any]], out_path: Path) -> Path | None:
+def plot_comparison(comparison: dict[str, Comparison], out_path: Path) -> Path | None:
     """measured / predicted for each compared metric (1 = the estimate was exact)."""
-    rows = [(name, row["ratio"]) for name, row in comparison.items() if isinstance(row, dict) and isinstance(row.get("ratio"), (int, float))]
+    rows = [(name, row.ratio) for name, row in comparison.items() if row.ratio is not None and math.isfinite(row.ratio)]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.6))
-    names = [name for name, _ in rows]
     ratios = [ratio for _, ratio in rows]
-    ax.barh(names, ratios, color=[BLUE if 0.8 <= r <= 1.25 else ORANGE for r in ratios])
+    ax.barh(range(len(rows)), ratios, color=[BLUE if 0.8 <= r <= 1.25 else ORANGE for r in ratios])
+    ax.set_yticks(range(len(rows)), [_literal(name) for name, _ in rows])
     ax.axvline(1.0, color="black", lw=1)
     for y, ratio in enumerate(ratios):
         ax.annotate(f"{ratio:.2f}×", (ratio, y), xytext=(4, -3), textcoords="offset points", fontsize=8)
@@ -263,4 +245,26 @@ def plot_comparison(comparison: dict[str, dict[str, Any]], out_path: Path) -> Pa
     ax.set_title("Measured vs predicted (latencies > 1: slower than predicted; throughputs > 1: faster)")
     ax.invert_yaxis()
     ax.grid(True, axis="x", alpha=0.25)
+    return _save(fig, out_path)
+
+
+def plot_overlay(runs: list[tuple[str, RunSummary]], out_path: Path) -> Path | None:
+    """Each latency's p50/p90/p95/p99 for every run on the same axes (first solid, others dashed)."""
+    quantiles = ("p50", "p90", "p95", "p99")
+    drawn = [(attr, name) for attr, name in LATENCIES if any(getattr(run, attr).n for _, run in runs)]
+    if not drawn:
+        return None
+    fig, axes = plt.subplots(1, len(drawn), figsize=(3.4 * len(drawn) + 1, 3.8), layout="constrained", squeeze=False)
+    for ax, (attr, name) in zip(axes[0], drawn):
+        for number, (label, run) in enumerate(runs):
+            dist = getattr(run, attr)
+            pairs = [(q, getattr(dist, q) * 1e3) for q in quantiles if getattr(dist, q) is not None]
+            if pairs:
+                ax.plot(*zip(*pairs), "o-" if number == 0 else "s--", color=BLUE if number == 0 else ORANGE,
+                        mfc=None if number == 0 else "none", label=_literal(label))
+        ax.set_title(name)
+        ax.set_ylabel("ms")
+        ax.grid(True, alpha=0.25)
+        ax.legend(fontsize=8)
+    fig.suptitle("Latency percentiles on the same axes")
     return _save(fig, out_path)
