@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,10 @@ def _ratio(measured: float | None, predicted: float | None) -> str:
 
 
 def _text(value: Any) -> str:
-    text = " ".join(str(value).split())
+    """A value from a file as one line of plain text (nested values as JSON), at most `_MAX_TEXT` characters."""
+    if not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(value.split())
     return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 1] + "…"
 
 
@@ -164,11 +168,11 @@ def _overlay(measured: Results, predicted: Results, out_dir: Path) -> dict[str, 
         head, rows = _overlay_sweeps(measured.sweep, predicted.sweep)
         intro = (f"{where} Ratios are measured ÷ predicted at each load level both sweeps ran; the curves share the axes "
                  "of the sweep plot above (predicted dashed).")
-        return {"intro": intro, "head": head, "rows": rows, "image": None}
+        return {"intro": intro, "head": head, "rows": rows, "image": None, "text_columns": (1,)}
     if measured.summary is not None and predicted.summary is not None:
         head, rows, image = _overlay_runs(measured.summary, predicted.summary, out_dir)
         return {"intro": where + " Ratios are measured ÷ predicted (above 1: slower or more than predicted).",
-                "head": head, "rows": rows, "image": image}
+                "head": head, "rows": rows, "image": image, "text_columns": (0,)}
     kinds = {True: "a sweep", False: "a single run"}
     raise SpeedlimitError(f"cannot overlay {kinds[predicted.sweep is not None]} ({predicted.source}) on "
                           f"{kinds[measured.sweep is not None]} ({measured.source}); pass two runs or two sweeps")

@@ -1,0 +1,103 @@
+"""`speedlimit report MEASURED --predicted PREDICTED`: a predicted run (source "simulate", the files bench writes)
+overlaid on a measured one: percentiles side by side with ratios; sweeps on the same axes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from speedlimit.artifacts import Distribution, RequestRecord, RunSummary, SweepInfo, SweepSummary
+from speedlimit.bench.metrics import summarize
+from speedlimit.errors import SpeedlimitError
+from speedlimit.report import build_report
+from tests.report.test_report import PNG_MAGIC, embedded_pngs, fake_requests, sections, write_jsonl
+
+
+def dist(p50: float) -> Distribution:
+    return Distribution(mean=p50 * 1.1, p50=p50, p90=p50 * 1.5, p95=p50 * 1.7, p99=p50 * 2, min=p50 / 2, max=p50 * 3, n=10)
+
+
+def measured_run(path):
+    rows = fake_requests(30)
+    write_jsonl(path / "requests.jsonl", rows)
+    records = [RequestRecord.model_validate(row) for row in rows]
+    summarize(records, 5.0).save(path / "summary.json")
+    return path
+
+
+def test_run_overlay_shows_percentiles_side_by_side_with_ratios(tmp_path):
+    measured = measured_run(tmp_path / "measured")
+    predicted = RunSummary(source="simulate", requests=30, completed=30, duration_s=4.0, output_tok_s=400.0, request_s=7.5,
+                           ttft_s=dist(0.05), itl_s=dist(0.01), tpot_s=dist(0.01), e2e_s=dist(0.5))
+    predicted.save(tmp_path / "predicted" / "summary.json")
+    done = subprocess.run([sys.executable, "-m", "speedlimit.cli", "report", str(measured), "--predicted", str(tmp_path / "predicted"),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert sections(text) == {"summary", "overlay", "distributions", "timeline"}
+    overlay = text[text.index('<section id="overlay">'):]
+    overlay = overlay[: overlay.index("</section>")]
+    measured_summary = RunSummary.load(measured / "summary.json")
+    # TTFT p50: measured, predicted 50.00 ms, and their ratio
+    ratio = f"{measured_summary.ttft_s.p50 / 0.05:.3g}×"
+    assert re.search(rf'<td class="text">TTFT p50</td><td>[0-9.]+ ms</td><td>50.00 ms</td><td>{re.escape(ratio)}</td>', overlay)
+    for metric in ("TTFT p99", "TPOT p50", "TPOT p99", "E2E p90", "output tok/s"):
+        assert f'<td class="text">{metric}</td>' in overlay
+    assert "(simulate)" in overlay and "(bench)" in overlay
+    assert (tmp_path / "out" / "overlay.png").read_bytes().startswith(PNG_MAGIC)
+    assert len(embedded_pngs(overlay)) == 1
+
+
+def sweep(source: str, tok_s: list[float], ttft: list[float]) -> SweepSummary:
+    loads = [1.0, 2.0, 4.0, 8.0]
+    points = [RunSummary(source=source, requests=10, completed=10, output_tok_s=t, ttft_s=dist(f), tpot_s=dist(0.01 * load ** 0.5),
+                         sweep_value=load) for load, t, f in zip(loads, tok_s, ttft)]
+    return SweepSummary(sweep=SweepInfo(parameter="concurrency", values=loads, knee_load=4.0, knee_output_tok_s=tok_s[2],
+                                        saturation_output_tok_s=max(tok_s)), points=points)
+
+
+def test_sweep_overlay_matches_load_levels_and_draws_both_curves(tmp_path):
+    measured = sweep("bench", [50, 95, 170, 190], [0.05, 0.06, 0.09, 0.2])
+    predicted = sweep("simulate", [55, 100, 200, 210], [0.04, 0.05, 0.08, 0.1])
+    predicted.points = predicted.points[1:]  # the prediction skipped load 1
+    measured.save(tmp_path / "measured" / "summary.json")
+    for point in measured.points:  # measured runs with records, predicted without
+        write_jsonl(tmp_path / "measured" / f"concurrency_{point.sweep_value:g}" / "requests.jsonl", fake_requests(5))
+    predicted.save(tmp_path / "predicted" / "summary.json")
+    text = build_report(tmp_path / "measured", tmp_path / "out", tmp_path / "predicted").read_text(encoding="utf-8")
+    assert sections(text) == {"sweep", "overlay", "distributions", "timeline"}
+    overlay = text[text.index('<section id="overlay">'):]
+    rows = re.findall(r'<tr><td>([0-9.]+)</td><td class="text">output tok/s</td><td>([0-9.,]+)</td><td>([0-9.,]+)</td><td>([0-9.]+)×</td>', overlay)
+    assert rows == [("2", "95", "100", "0.95"), ("4", "170", "200", "0.85"), ("8", "190", "210", "0.905")]
+    assert '<td>8</td><td class="text">TTFT</td><td>200.00 ms</td><td>100.00 ms</td><td>2×</td>' in overlay
+    assert (tmp_path / "out" / "sweep.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_sweep_plot_changes_when_a_prediction_is_overlaid(tmp_path):
+    """The predicted curves are drawn on the sweep plot (not just listed)."""
+    measured = sweep("bench", [50, 95, 170, 190], [0.05, 0.06, 0.09, 0.2])
+    measured.save(tmp_path / "m" / "summary.json")
+    sweep("simulate", [55, 100, 200, 210], [0.04, 0.05, 0.08, 0.1]).save(tmp_path / "p" / "summary.json")
+    alone = build_report(tmp_path / "m", tmp_path / "alone")
+    both = build_report(tmp_path / "m", tmp_path / "both", tmp_path / "p")
+    assert sections(alone.read_text(encoding="utf-8")) == {"sweep"}
+    assert (alone.parent / "sweep.png").read_bytes() != (both.parent / "sweep.png").read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["run-on-sweep", "other-parameter"])
+def test_overlay_of_different_kinds_is_a_one_line_error(tmp_path, kind):
+    sweep("bench", [1, 2, 3, 4], [0.1] * 4).save(tmp_path / "m" / "summary.json")
+    if kind == "run-on-sweep":
+        RunSummary(source="simulate", requests=1).save(tmp_path / "p" / "summary.json")
+        fragment = "cannot overlay a single run"
+    else:
+        other = sweep("simulate", [1, 2, 3, 4], [0.1] * 4)
+        other.sweep.parameter = "rate"
+        other.save(tmp_path / "p" / "summary.json")
+        fragment = "cannot overlay a rate sweep"
+    with pytest.raises(SpeedlimitError, match=fragment) as error:
+        build_report(tmp_path / "m", tmp_path / "out", tmp_path / "p")
+    assert "\n" not in str(error.value)
