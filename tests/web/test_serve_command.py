@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -50,3 +51,26 @@ def test_port_in_use_and_bad_port_are_one_line_errors():
     assert done.stderr == f"error: port {port} on 127.0.0.1 is already in use; pass --port N (or --port 0 for any free port)\n"
     done = subprocess.run([sys.executable, "-m", "speedlimit.cli", "serve", "--port", "70000"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.startswith("error: --port must be between 0 and 65535")
+
+
+def test_port_0_prints_the_port_it_got():
+    process = subprocess.Popen([sys.executable, "-m", "speedlimit.cli", "serve", "--port", "0"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert match, line
+        port = int(match.group(1))
+        assert port != 0
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}/docs", timeout=2)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None and time.monotonic() < deadline, "speedlimit serve did not come up"
+                time.sleep(0.1)
+        assert page.status_code == 200 and "swagger-ui" in page.text
+    finally:
+        process.terminate()
+        process.communicate(timeout=15)

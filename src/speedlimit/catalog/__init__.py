@@ -72,27 +72,31 @@ def model_names() -> list[str]:
     return list(model_entries())
 
 
-def resolve_model(text: str) -> Architecture:
-    """A catalog name/alias, a path to config.json or .gguf, or a bare size (``7B``, ``70e9``)."""
+def resolve_model(text: str, *, files: bool = True) -> Architecture:
+    """A catalog name/alias, a path to config.json or .gguf, or a bare size (``7B``, ``70e9``).
+
+    With ``files=False`` (the web API) no path is looked at: catalog names and sizes only, and any other text is
+    an unknown model whether or not a file of that name exists.
+    """
     if not isinstance(text, str) or not text.strip():
         raise SpeedlimitError("--model is empty: pass a catalog name (see `speedlimit models`), a config.json, a .gguf, or a size like 7B")
     key = _model_aliases().get(_normalize(text))
     if key:
         return catalog_model(key)
-    path = Path(text).expanduser()
-    if path.suffix.lower() == ".gguf" or (path.is_file() and path.read_bytes()[:4] == b"GGUF"):
-        from speedlimit.gguf_model import architecture_from_gguf  # I/O edge, imported on demand
+    if files:
+        path = Path(text).expanduser()
+        if path.suffix.lower() == ".gguf" or (path.is_file() and path.read_bytes()[:4] == b"GGUF"):
+            from speedlimit.gguf_model import architecture_from_gguf  # I/O edge, imported on demand
 
-        return architecture_from_gguf(path)
-    if path.suffix.lower() == ".json" or path.is_dir():
-        return architecture_from_config_file(path)
+            return architecture_from_gguf(path)
+        if path.suffix.lower() == ".json" or path.is_dir():
+            return architecture_from_config_file(path)
     params = parse_param_count(text)
     if params is not None:
         return architecture_from_param_count(params)
-    raise SpeedlimitError(
-        f"unknown model {text!r}{did_you_mean(_normalize(text), _model_aliases())}; "
-        "see `speedlimit models`, or pass a config.json, a .gguf file, or a size like 7B"
-    )
+    hint = "see `speedlimit models`, or pass a config.json, a .gguf file, or a size like 7B" if files else \
+        "pick a catalog model or give a size like 7B"
+    raise SpeedlimitError(f"unknown model {text!r}{did_you_mean(_normalize(text), _model_aliases())}; {hint}")
 
 
 def architecture_from_config_file(path: Path) -> Architecture:

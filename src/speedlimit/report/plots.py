@@ -15,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
 from speedlimit.errors import SpeedlimitError  # noqa: E402
@@ -157,21 +159,32 @@ def plot_timeline(requests: RequestColumns, out_path: Path, max_bars: int = TIME
     ends = starts + np.nan_to_num(requests.e2e_s[order], nan=0.0).clip(min=0)
     ok = requests.ok[order]
     ttfts = np.where(ok, np.nan_to_num(requests.ttft_s[order], nan=0.0), 0.0)
-    y = np.arange(order.size)
+    y = np.arange(order.size, dtype=float)
     fig, ax = plt.subplots(figsize=(12, min(12.0, max(3.0, 0.04 * order.size + 2))))
-    bar_height = 0.8 if order.size < 200 else 1.0
-    ax.barh(y[ok], ttfts[ok], left=starts[ok], height=bar_height, color="#bfdbfe", label="waiting for first token")
-    ax.barh(y[ok], (ends - starts - ttfts)[ok], left=(starts + ttfts)[ok], height=bar_height, color=BLUE, label="streaming")
-    if (~ok).any():
-        ax.barh(y[~ok], np.maximum((ends - starts)[~ok], 1e-3), left=starts[~ok], height=bar_height, color=RED, label="failed")
+    half = 0.4 if order.size < 200 else 0.5
+    handles = []
+    for mask, left, right, color, label in ((ok, starts, starts + ttfts, "#bfdbfe", "waiting for first token"),
+                                            (ok, starts + ttfts, ends, BLUE, "streaming"),
+                                            (~ok, starts, np.maximum(ends, starts + 1e-3), RED, "failed")):
+        if mask.any():
+            ax.add_collection(PolyCollection(_bars(y[mask], left[mask], right[mask], half), facecolors=color, edgecolors="none"))
+            handles.append(Patch(color=color, label=label))
+    ax.set_xlim(0, max(float(ends.max()), 1e-3) * 1.01)
+    ax.set_ylim(-1, order.size)
     shown = f"{order.size:,} of {total:,} requests (evenly by start time)" if order.size < total else f"{total:,} requests"
     ax.set_xlabel("seconds since the first request was sent")
     ax.set_ylabel("request (by start time)")
     ax.set_title(f"Per-request timeline: {shown}, {requests.failed:,} failed in all")
     ax.invert_yaxis()
     ax.grid(True, axis="x", alpha=0.25)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(handles=handles, fontsize=8, loc="lower right")
     return _save(fig, out_path)
+
+
+def _bars(y: np.ndarray, left: np.ndarray, right: np.ndarray, half: float) -> np.ndarray:
+    """Rectangles [left, right] x [y - half, y + half] as PolyCollection vertices (one artist for all bars)."""
+    return np.stack([np.column_stack([left, y - half]), np.column_stack([right, y - half]),
+                     np.column_stack([right, y + half]), np.column_stack([left, y + half])], axis=1)
 
 
 def sweep_points(sweep: SweepSummary) -> list[RunSummary]:

@@ -8,10 +8,13 @@ Endpoints (OpenAPI docs at ``/docs``):
   its knee and the roofline (`speedlimit.estimator.curves`); the page makes one such call per change.
 - ``GET /api/models``, ``GET /api/hardware``: the catalogs.
 - ``GET /`` the page, ``/static/*`` its assets, ``/vendor/plotly.min.js`` the chart library served
-  from the installed ``plotly`` wheel (nothing comes from a CDN).
+  from the installed ``plotly`` wheel, ``/docs`` Swagger UI from the installed ``swagger-ui-bundle`` wheel
+  (nothing comes from a CDN; the docs work offline).
 
 Bad input (unknown names, out-of-range numbers, a broken pasted config, malformed JSON) -> 422 with
-``{"detail": "one readable line"}``; the API does not read files named in the request.
+``{"detail": "one readable line"}`` in the API's field names; a body over 1 MB -> 413 (`speedlimit.web.limits`).
+The API takes catalog names, sizes and pasted configs only: it never touches the server's file system, so a
+name that happens to be a file there gets the same answer as any unknown name.
 """
 
 from __future__ import annotations
@@ -23,15 +26,18 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from swagger_ui_bundle import swagger_ui_path
 
 from speedlimit.architecture import Architecture, architecture_from_hf_config
 from speedlimit.catalog import hardware_entries, model_entries, resolve_hardware, resolve_model
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator.api import estimate
 from speedlimit.estimator.curves import batch_curve, roofline
+from speedlimit.web.limits import MAX_BODY_BYTES, BodySizeLimit, web_wording
 
 STATIC_DIR = Path(str(resources.files("speedlimit.web").joinpath("static")))
 MAX_CURVE_POINTS = 200
@@ -65,19 +71,7 @@ class CurveRequest(EstimateRequest):
     batches: list[int] | None = Field(None, description=f"Batch sizes for the curve (at most {MAX_CURVE_POINTS}); default ~√2 steps past the memory limit.")
 
 
-def _normalize(name: str) -> str:
-    return name.strip().lower().replace("_", "-").replace(" ", "-")
-
-
-def _catalog_model_names() -> set[str]:
-    names = set()
-    for key, entry in model_entries().items():
-        names.add(_normalize(key))
-        names.update(_normalize(alias) for alias in entry.get("aliases", []))
-    return names
-
-
-def web_model(request: EstimateRequest) -> Architecture | str:
+def web_model(request: EstimateRequest) -> Architecture:
     """The model to estimate: a pasted config, else a catalog name or a size (never a server-side file)."""
     if request.config is not None:
         name = (request.model or "").strip() or "pasted config.json"
@@ -92,15 +86,9 @@ def web_model(request: EstimateRequest) -> Architecture | str:
         raise SpeedlimitError("pick a catalog model, give a size like 7B, or paste a config.json")
     if len(text) > MAX_MODEL_NAME_CHARS:
         raise SpeedlimitError(f"model name is {len(text):,} characters long; pick a catalog model or paste the config.json")
-    if _normalize(text) not in _catalog_model_names():
-        path = Path(text).expanduser()
-        try:
-            exists = path.exists()
-        except (OSError, ValueError):  # e.g. a name too long for the file system
-            exists = False
-        if path.suffix.lower() in (".json", ".gguf") or text.startswith(("/", "~", ".", "\\")) or exists:
-            raise SpeedlimitError("the web calculator does not read files: pick a catalog model, give a size like 7B, or paste the config.json")
-    return text
+    if Path(text).suffix.lower() in (".json", ".gguf") or text.startswith(("/", "~", ".", "\\")):  # by its text alone
+        raise SpeedlimitError("the web calculator does not read files: pick a catalog model, give a size like 7B, or paste the config.json")
+    return resolve_model(text, files=False)
 
 
 def _readable_validation_error(error: RequestValidationError) -> str:
@@ -143,11 +131,14 @@ def create_app() -> FastAPI:
         title="speedlimit",
         summary="How fast will this LLM run on this hardware? The estimator as a JSON API.",
         version="0.1.0",
+        docs_url=None,  # served below from local files
+        redoc_url=None,
     )
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.exception_handler(SpeedlimitError)
     async def _speedlimit_error(_: Request, error: SpeedlimitError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": str(error)})
+        return JSONResponse(status_code=422, content={"detail": web_wording(str(error))})
 
     @app.exception_handler(ValidationError)
     async def _inner_validation_error(_: Request, error: ValidationError) -> JSONResponse:
@@ -163,6 +154,15 @@ def create_app() -> FastAPI:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> HTMLResponse:
         return HTMLResponse((STATIC_DIR / "index.html").read_text(encoding="utf-8"))
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json", title="speedlimit API",
+            swagger_js_url="/vendor/swagger-ui/swagger-ui-bundle.js", swagger_css_url="/vendor/swagger-ui/swagger-ui.css",
+            swagger_favicon_url="/vendor/swagger-ui/favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None},  # its default posts the schema to an online validator
+        )
 
     @app.get("/vendor/plotly.min.js", include_in_schema=False)
     def plotly_js() -> Response:
@@ -201,8 +201,6 @@ def create_app() -> FastAPI:
         if request.batches is not None and not 1 <= len(request.batches) <= MAX_CURVE_POINTS:
             raise SpeedlimitError(f"batches must list 1 to {MAX_CURVE_POINTS} batch sizes")
         model = web_model(request)
-        if isinstance(model, str):
-            model = resolve_model(model)
         kwargs = request.estimate_kwargs()
         kwargs.pop("batches")
         result = batch_curve(model, resolve_hardware(request.hardware), batches=request.batches, **kwargs)
@@ -210,4 +208,5 @@ def create_app() -> FastAPI:
         return _finite_json(result)
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.mount("/vendor/swagger-ui", StaticFiles(directory=swagger_ui_path), name="swagger-ui")
     return app
