@@ -7,6 +7,7 @@ that both charts drew, that the state is in the URL, and saves a screenshot.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import threading
@@ -155,4 +156,90 @@ def test_shared_url_restores_state_and_bad_input_shows_error(browser, server_url
     page.locator("#config-clear").click()
     _settle(page, before)
     assert page.locator("#error").is_hidden()
+    page.close()
+
+
+def _settled_or_error(page) -> None:
+    page.wait_for_function("() => window.speedlimit && !window.speedlimit.pending && (window.speedlimit.renders > 0"
+                           " || !document.getElementById('error').hidden)", timeout=15000)
+
+
+@pytest.mark.parametrize(("query", "selected", "label"), [
+    ("model=7B", "7B", "7B (as given)"),
+    ("model=Llama-3.1-8B", "llama-3.1-8b", "llama-3.1-8b — Llama 3.1 8B"),
+    ("model=LLAMA_3.1_8B", "llama-3.1-8b", "llama-3.1-8b — Llama 3.1 8B"),
+])
+def test_url_model_by_size_or_alias_is_never_a_blank_dropdown(browser, server_url, query, selected, label):
+    page = browser.new_page()
+    page.goto(f"{server_url}/?{query}")
+    _settled_or_error(page)
+    assert page.locator("#model").input_value() == selected
+    assert page.locator("#model option:checked").inner_text() == label
+    assert page.locator("#error").is_hidden()
+    assert _shown_tok_s(page) > 0
+    page.close()
+
+
+def test_url_with_unknown_weights_shows_the_error_not_16_bits(browser, server_url):
+    page = browser.new_page()
+    page.goto(f"{server_url}/?model=llama-3.1-8b&weights=q9_9")
+    _settled_or_error(page)
+    assert page.locator("#weights-format").input_value() == "q9_9"
+    assert page.locator("#weights-label").inner_text() == "q9_9"
+    assert "unknown weights format 'q9_9'" in page.locator("#error").inner_text()
+    assert _renders(page) == 0
+    page.close()
+
+
+def test_wording_cards_and_efficiency_basis_as_a_person_sees_them(browser, server_url, tmp_path):
+    page = browser.new_page(viewport={"width": 1250, "height": 1000})
+    page.goto(f"{server_url}/?model=llama-3.1-8b&hardware=h100-sxm&batch=8")
+    _settle(page, 0)
+    memory = page.locator("#memory-text").inner_text()
+    assert re.search(r"max batch \d[\d,]*$", memory), memory  # "282", never "282.0"
+    assert ".0" not in memory.rsplit("max batch", 1)[1]
+    assert re.search(r"peak \d+ TFLOP/s", page.locator("#basis-text").inner_text())  # a space before the prefix
+    # six cards, rows of equal length at this width and at others (no card alone on a row)
+    for width in (1400, 1250, 1100, 900, 700, 420):
+        page.set_viewport_size({"width": width, "height": 1000})
+        tops = page.locator(".cards .card").evaluate_all("cards => cards.map(c => Math.round(c.getBoundingClientRect().top))")
+        per_row = [tops.count(top) for top in sorted(set(tops))]
+        assert len(tops) == 6 and len(set(per_row)) == 1, (width, per_row)
+    # the basis: collapsed by default, a list of links once opened, links only to http(s) addresses
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    assert not page.locator("#basis-list").is_visible()
+    page.locator("#basis-details summary").click()
+    items = page.locator("#basis-list li")
+    assert items.count() >= 2
+    hrefs = page.locator("#basis-list a").evaluate_all("links => links.map(a => a.href)")
+    assert hrefs and all(href.startswith(("https://", "http://")) for href in hrefs)
+    assert any("github.com/NVIDIA/cccl/pull/9881" in href for href in hrefs)
+    page.screenshot(path=str(tmp_path / "basis.png"), full_page=True)
+    page.close()
+
+
+def test_efficiency_basis_renders_hostile_text_as_text(browser, server_url):
+    page = browser.new_page()
+    page.goto(f"{server_url}/?model=llama-3.1-8b")
+    _settle(page, 0)
+    hostile = '<img src=x onerror=alert(1)>; see javascript:alert(1)/x and evil.example/<b>bold</b>; data.example/x" onclick="y'
+    page.evaluate("(text) => renderBasis(text)", hostile)
+    assert page.locator("#basis-list img, #basis-list b").count() == 0
+    assert "<img src=x onerror=alert(1)>" in page.locator("#basis-list").text_content()
+    hrefs = page.locator("#basis-list a").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+    assert all(href.startswith("https://") for href in hrefs), hrefs
+    assert page.locator("#basis-list a[onclick]").count() == 0
+    page.close()
+
+
+def test_api_docs_render_offline(browser, server_url):
+    """Swagger UI from the installed wheel renders this app's OpenAPI 3.1 schema with no request leaving the server."""
+    page = browser.new_page()
+    network = []
+    page.on("request", lambda request: network.append(request.url))
+    page.goto(f"{server_url}/docs")
+    page.wait_for_selector(".swagger-ui .info .title", timeout=20000)
+    assert page.locator(".swagger-ui .info .title").inner_text().startswith("speedlimit")
+    assert page.locator(".opblock-summary-path", has_text="/api/estimate").count() == 1
+    assert all(url.startswith(server_url) for url in network), [u for u in network if not u.startswith(server_url)]
     page.close()

@@ -250,5 +250,5 @@ def load_results(path: Path, on_progress: Progress | None = None) -> Results:
 
         # the rows carry no gaps (the pooled column holds them all), so the ITL distribution comes from the column
         summary = summarize(collector.rows, collector.duration_s())  # type: ignore[arg-type]
-        summary = summary.model_copy(update={"itl_s": distribution(columns.itl_s.tolist())})
+        summary = summary.model_copy(update={"itl_s": distribution(memoryview(columns.itl_s))})  # floats, no list
     return Results(source=path, summary=summary, requests=columns, recomputed=recomputed, bad_lines=reader.bad_lines)

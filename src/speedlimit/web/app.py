@@ -8,7 +8,7 @@ Endpoints (OpenAPI docs at ``/docs``):
   its knee and the roofline (`speedlimit.estimator.curves`); the page makes one such call per change.
 - ``GET /api/models``, ``GET /api/hardware``: the catalogs.
 - ``GET /`` the page, ``/static/*`` its assets, ``/vendor/plotly.min.js`` the chart library served
-  from the installed ``plotly`` wheel, ``/docs`` Swagger UI from the installed ``swagger-ui-bundle`` wheel
+  from the installed ``plotly`` wheel, ``/docs`` Swagger UI from the files inside the installed ``fastapi-offline`` wheel
   (nothing comes from a CDN; the docs work offline).
 
 Bad input (unknown names, out-of-range numbers, a broken pasted config, malformed JSON) -> 422 with
@@ -30,7 +30,6 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from swagger_ui_bundle import swagger_ui_path
 
 from speedlimit.architecture import Architecture, architecture_from_hf_config
 from speedlimit.catalog import hardware_entries, model_entries, resolve_hardware, resolve_model
@@ -40,6 +39,7 @@ from speedlimit.estimator.curves import batch_curve, roofline
 from speedlimit.web.limits import MAX_BODY_BYTES, BodySizeLimit, web_wording
 
 STATIC_DIR = Path(str(resources.files("speedlimit.web").joinpath("static")))
+SWAGGER_UI_DIR = Path(str(resources.files("fastapi_offline").joinpath("static")))  # Swagger UI 5 from the wheel
 MAX_CURVE_POINTS = 200
 MAX_MODEL_NAME_CHARS = 300
 
@@ -160,7 +160,7 @@ def create_app() -> FastAPI:
         return get_swagger_ui_html(
             openapi_url=app.openapi_url or "/openapi.json", title="speedlimit API",
             swagger_js_url="/vendor/swagger-ui/swagger-ui-bundle.js", swagger_css_url="/vendor/swagger-ui/swagger-ui.css",
-            swagger_favicon_url="/vendor/swagger-ui/favicon-32x32.png",
+            swagger_favicon_url="/vendor/swagger-ui/favicon.png",
             swagger_ui_parameters={"validatorUrl": None},  # its default posts the schema to an online validator
         )
 
@@ -208,5 +208,5 @@ def create_app() -> FastAPI:
         return _finite_json(result)
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    app.mount("/vendor/swagger-ui", StaticFiles(directory=swagger_ui_path), name="swagger-ui")
+    app.mount("/vendor/swagger-ui", StaticFiles(directory=SWAGGER_UI_DIR), name="swagger-ui")
     return app

@@ -37,12 +37,16 @@ function fmtSeconds(s) {
   if (s < 120) return fmtNum(s) + " s";
   return fmtNum(s / 60) + " min";
 }
-function fmtCount(x) {
+// A count with an SI prefix and its unit, one space before the prefix: "989 TFLOP/s", "145 GFLOP".
+function fmtSI(x, unit) {
   if (x === null || x === undefined || !isFinite(x)) return "–";
-  if (x >= 1e12) return fmtNum(x / 1e12) + "T";
-  if (x >= 1e9) return fmtNum(x / 1e9) + "G";
-  if (x >= 1e6) return fmtNum(x / 1e6) + "M";
-  return fmtNum(x);
+  for (const [prefix, scale] of [["T", 1e12], ["G", 1e9], ["M", 1e6], ["k", 1e3]]) if (Math.abs(x) >= scale) return fmtNum(x / scale) + " " + prefix + unit;
+  return fmtNum(x) + (unit ? " " + unit : "");
+}
+// Whole numbers (batch sizes, counts): "87", "1,024"; never "87.0".
+function fmtInt(x) {
+  if (x === null || x === undefined || !isFinite(x)) return "–";
+  return Math.round(x).toLocaleString("en-US");
 }
 
 // ---------------------------------------------------------------- state <-> controls <-> URL
@@ -67,13 +71,34 @@ function readState() {
   };
 }
 
+// Select `value` in `select`; a value it has no option for gets one, labelled as given, so that the request carries
+// it and the API's answer (a result, or an error on the page) shows, never a blank or silently different choice.
+function selectValue(select, value, label) {
+  if (!value) return;
+  const found = Array.from(select.options).find((o) => o.value === value);
+  if (!found) {
+    const option = document.createElement("option");
+    option.value = value;
+    option.textContent = label || value;
+    option.dataset.fromUrl = "1";
+    select.appendChild(option);
+  }
+  select.value = value;
+}
+
+const normalize = (name) => String(name).trim().toLowerCase().replace(/[_\s]+/g, "-");
+let modelAliases = new Map();  // normalized name or alias -> catalog name
+
 function writeState(state) {
-  if (state.model) $("model").value = state.model;
-  if (state.hardware) $("hardware").value = state.hardware;
+  if (state.model) {
+    const key = modelAliases.get(normalize(state.model));
+    selectValue($("model"), key || state.model, `${state.model} (as given)`);
+  }
+  if (state.hardware) selectValue($("hardware"), state.hardware, `${state.hardware} (as given)`);
   const bitsIndex = BITS.indexOf(Number(state.weights));
   if (bitsIndex >= 0) { $("weights-bits").value = bitsIndex; $("weights-format").value = ""; }
-  else { $("weights-format").value = state.weights; if (!$("weights-format").value) $("weights-format").value = ""; }
-  $("kv").value = state.kv;
+  else selectValue($("weights-format"), String(state.weights), `${state.weights} (as given)`);
+  selectValue($("kv"), String(state.kv), `${state.kv} (as given)`);
   $("batch").value = state.batch;
   $("batch-range").value = Math.log2(Math.max(1, state.batch));
   $("prompt").value = state.prompt;
@@ -178,19 +203,52 @@ function render(data, mySeq) {
   $("e2e").textContent = fmtSeconds(e.e2e_s);
   $("bytes-per-token").textContent = fmtBytes(e.bytes_per_token);
   $("bytes-per-token").dataset.value = String(e.bytes_per_token);
-  $("flops-per-token").textContent = fmtCount(e.flops_per_token);
+  $("flops-per-token").textContent = fmtSI(e.flops_per_token, "FLOP");
   $("ttft").textContent = fmtSeconds(e.ttft_s);
   $("throughput").textContent = fmtNum(e.throughput_tok_s);
   $("throughput").dataset.value = String(e.throughput_tok_s);
   $("regime").textContent = e.regime;
-  $("regime-sub").textContent = e.critical_batch === null ? "decode never turns compute-bound" : `compute-bound from batch ${fmtNum(Math.ceil(e.critical_batch))}`;
+  $("regime-sub").textContent = e.critical_batch === null ? "decode never turns compute-bound" : `compute-bound from batch ${fmtInt(Math.ceil(e.critical_batch))}`;
   renderMemory(e);
-  $("basis").textContent = `${e.model} on ${e.hardware}, weights ${e.weights} (${fmtNum(e.weight_bits)} bits), KV ${e.kv}, ${e.mode} mode: `
-    + `bandwidth ${fmtBytes(e.bandwidth_Bps)}/s × ${e.bw_efficiency}, peak ${e.flops === null ? "unknown" : fmtCount(e.flops) + "FLOP/s"} × ${e.flops_efficiency}, `
-    + `step overhead ${fmtSeconds(e.step_overhead_s)} (${e.efficiency_basis}).`;
+  $("basis-text").textContent = `${e.model} on ${e.hardware}, weights ${e.weights} (${fmtNum(e.weight_bits)} bits), KV ${e.kv}, ${e.mode} mode: `
+    + `bandwidth ${fmtBytes(e.bandwidth_Bps)}/s × ${e.bw_efficiency}, peak ${e.flops === null ? "unknown" : fmtSI(e.flops, "FLOP/s")} × ${e.flops_efficiency}, `
+    + `step overhead ${fmtSeconds(e.step_overhead_s)}.`;
+  renderBasis(e.efficiency_basis || "");
   window.speedlimit.last = data;
   window.speedlimit.cardSeq = mySeq;
   window.speedlimit.renders += 1;
+}
+
+// The efficiency basis: one list item per clause, web addresses as links. Built with DOM calls and textContent only
+// (nothing is parsed as HTML); a link is made only for an http(s) address, or a bare host/path given an https:// scheme.
+const ADDRESS = /\b((?:https?:\/\/)?(?:[a-z0-9-]+\.)+[a-z]{2,}\/[^\s(),;]*[^\s(),;.])/gi;
+function renderBasis(text) {
+  const list = $("basis-list");
+  list.replaceChildren();
+  const items = text.split(/;\s+|\.\s+(?=[A-Z])/).map((t) => t.trim()).filter(Boolean);
+  for (const item of items) {
+    const li = document.createElement("li");
+    let last = 0;
+    for (const match of item.matchAll(ADDRESS)) {
+      li.appendChild(document.createTextNode(item.slice(last, match.index)));
+      const href = /^https?:\/\//i.test(match[1]) ? match[1] : "https://" + match[1];
+      let url = null;
+      try { url = new URL(href); } catch (e) { url = null; }
+      if (url && (url.protocol === "https:" || url.protocol === "http:")) {
+        const a = document.createElement("a");
+        a.href = url.href;
+        a.textContent = match[1];
+        a.rel = "noopener noreferrer";
+        a.target = "_blank";
+        li.appendChild(a);
+      } else li.appendChild(document.createTextNode(match[1]));
+      last = match.index + match[1].length;
+    }
+    li.appendChild(document.createTextNode(item.slice(last)));
+    list.appendChild(li);
+  }
+  $("basis-details").hidden = items.length === 0;
+  $("basis-count").textContent = `${items.length} item${items.length === 1 ? "" : "s"}`;
 }
 
 // Charts are slower to draw than the cards: draw them on the next frame, only for the newest result.
@@ -224,7 +282,7 @@ function renderMemory(e) {
   else {
     text += ` of ${fmtBytes(capacity)} usable` + (e.tp > 1 ? ` across ${e.tp} devices` : "");
     text += over ? ` — does NOT fit (over by ${fmtBytes(used - capacity)})` : ` — fits, ${fmtBytes(capacity - used)} free`;
-    if (e.max_batch !== null) text += `; max batch ${fmtNum(e.max_batch)}`;
+    if (e.max_batch !== null) text += `; max batch ${fmtInt(e.max_batch)}`;
   }
   $("memory-text").textContent = text;
   bar.dataset.fits = String(e.fits);
@@ -296,6 +354,11 @@ async function init() {
   const ticks = $("weights-tick-labels");
   BITS.forEach((b) => { const s = document.createElement("span"); s.textContent = b; ticks.appendChild(s); });
   const [models, hardware] = await Promise.all([fetch("/api/models").then((r) => r.json()), fetch("/api/hardware").then((r) => r.json())]);
+  modelAliases = new Map();
+  for (const m of models) {
+    modelAliases.set(normalize(m.name), m.name);
+    for (const alias of m.aliases || []) if (!modelAliases.has(normalize(alias))) modelAliases.set(normalize(alias), m.name);
+  }
   fillSelect($("model"), models);
   fillSelect($("hardware"), hardware);
   writeState(stateFromUrl());
