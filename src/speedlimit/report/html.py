@@ -115,7 +115,7 @@ def _sweep(sweep: SweepSummary, out_dir: Path, predicted: SweepSummary | None) -
     rows = [[f"{p.sweep_value:g}", _number(p.output_tok_s), format_seconds(p.ttft_s.p50), format_seconds(p.ttft_s.p99),
              format_seconds(p.tpot_s.p50), format_seconds(p.itl_s.p50), format_seconds(p.itl_s.p99), format_seconds(p.e2e_s.p50),
              _number(p.failed)] for p in plots.sweep_points(sweep)]
-    sweeps = [(ROLE.get(sweep.points[0].source, "first") if predicted else "measured", sweep)]
+    sweeps = [(ROLE.get(sweep.points[0].source, sweep.points[0].source), sweep)]
     if predicted is not None:
         sweeps.append(("predicted", predicted))
     return {

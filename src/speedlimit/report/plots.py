@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import EngFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter, FuncFormatter  # noqa: E402
 
 from speedlimit.errors import SpeedlimitError  # noqa: E402
 from speedlimit.estimator.curves import batch_curve, roofline  # noqa: E402
@@ -228,6 +228,7 @@ def plot_sweep(sweeps: list[tuple[str, SweepSummary]], out_path: Path) -> Path |
                 if knee_point is not None:
                     right.axvline(knee_point.output_tok_s, color=RED, ls="--", lw=1.2, label=f"knee ({knee_point.output_tok_s:.3g} tok/s)")
     left.set_xscale("log", base=2)
+    left.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     left.set_xlabel(parameter)
     left.set_ylabel("output tok/s")
     left.set_title("Throughput vs load")
