@@ -79,7 +79,7 @@ def test_cli_exit_code_reflects_failures_only_with_fail_on_error(faulty_server, 
     summary = json.loads(out)
     assert summary["errors"] == {"http_503": 3} and summary["completed"] == 0
     assert (tmp_path / "summary.json").exists() and len((tmp_path / "requests.jsonl").read_text().splitlines()) == 3
-    code, _, _ = run_cli(args + ["--fail-on-error"])
+    code, _, _ = run_cli(args + ["--fail-on-error", "--force"])
     assert code == 1
 
 
