@@ -256,7 +256,8 @@ class RunSummary(Artifact):
     errors: dict[str, int] = Field(default_factory=dict)
     duration_s: float = 0.0
     ttft_s: Distribution = Field(default_factory=Distribution)
-    itl_s: Distribution = Field(default_factory=Distribution)
+    itl_s: Distribution = Field(default_factory=Distribution)  # per chunk: gaps between text-carrying events
+    itl_token_s: Distribution = Field(default_factory=Distribution)  # per token: chunk gap / tokens per chunk
     tpot_s: Distribution = Field(default_factory=Distribution)
     e2e_s: Distribution = Field(default_factory=Distribution)
     request_s: float = 0.0
@@ -279,6 +280,8 @@ class RunSummary(Artifact):
     simulation: dict[str, Any] | None = None  # simulate: what a client cannot see (batch, queue, KV over time)
     estimate: PredictionBlock | None = None
     sweep_value: float | None = None  # the load level of this run within a sweep
+    interrupted: str | None = None  # the signal (SIGINT, SIGTERM) that stopped the run early; None when it ran out
+    warnings: list[str] = Field(default_factory=list)  # what a reader of these numbers must know (token counts...)
 
     @property
     def decode_tok_s_per_user(self) -> float | None:
@@ -307,6 +310,7 @@ class SweepSummary(Artifact):
     points: list[RunSummary]
     endpoint: dict[str, Any] | None = None
     engine: dict[str, Any] | None = None
+    interrupted: str | None = None  # the signal that stopped the sweep; `points` then holds the levels run so far
 
     @model_validator(mode="before")
     @classmethod

@@ -11,8 +11,12 @@ Modes:
                   `stream_options.include_usage` is asked for, and `[DONE]`.
     nousage       like ok but never reports usage (llama-cpp-python style).
     firehose      like ok, as fast as the socket allows; every chunk's text is the server's send time
-                  (`time.perf_counter_ns()`, CLOCK_MONOTONIC, comparable across processes on Linux) plus a space.
-    paced-<ms>    like firehose but sleeps <ms> milliseconds between chunks (for client-added ITL latency).
+                  (`time.perf_counter_ns()`, CLOCK_MONOTONIC, comparable across processes on Linux) plus a space;
+                  the first chunk's text starts with `r<ns> `, the time the server had read the whole request.
+    paced-<ms>    like firehose but sleeps <ms> milliseconds before each chunk (the first one too: a known TTFT).
+    multi-<k>     like nousage, but every chunk carries <k> tokens (k words that are one token each in GPT-2-style
+                  BPE vocabularies, SmolLM2's included): a server that packs several tokens into one event.
+    mute          accepts the connection, reads the request, never answers (GET /v1/models included).
     http_429 / http_500 / http_503   that status with an OpenAI-style JSON error body.
     disconnect    two chunks, then the TCP connection is dropped mid-stream.
     malformed     two chunks, then a `data:` line that is not JSON.
@@ -37,6 +41,8 @@ from typing import Any
 
 MIXED_CYCLE = ("ok", "http_429", "http_500", "http_503", "disconnect", "malformed", "empty", "hang", "error_event")
 MODEL_NAME = "fake-model"
+#: Words that are exactly one token each, with their leading space, in GPT-2-style BPE vocabularies (SmolLM2's too).
+MULTI_WORDS = ("the", "of", "and", "to", "in", "is", "was", "for")
 
 
 def _chunk_bytes(payload: bytes) -> bytes:
@@ -62,6 +68,7 @@ class _Handler:
 
     def __init__(self, server: "FaultyOpenAIServer") -> None:
         self.server = server
+        self.received_ns = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -82,6 +89,7 @@ class _Handler:
                 body = b""
                 if "content-length" in headers:
                     body = await reader.readexactly(int(headers["content-length"]))
+                self.received_ns = time.perf_counter_ns()
                 keep_open = await self.respond(method, path, body, writer)
                 if not keep_open:
                     return
@@ -104,6 +112,9 @@ class _Handler:
                 self.server.request_counter += 1
             mode = MIXED_CYCLE[index % len(MIXED_CYCLE)]
         self.server.modes_served.append(mode)
+        if mode == "mute":
+            await asyncio.sleep(3600)
+            return False
         if method == "GET" and route == "/health":
             writer.write(self._head(200, "application/json", 2) + b"{}")
             await writer.drain()
@@ -138,10 +149,14 @@ class _Handler:
 
     async def stream(self, mode: str, request: dict, chat: bool, writer: asyncio.StreamWriter) -> bool:
         n_tokens = int(request.get("max_tokens") or request.get("max_completion_tokens") or 16)
-        include_usage = bool((request.get("stream_options") or {}).get("include_usage")) and mode != "nousage"
+        received_ns = self.received_ns
+        per_chunk = int(mode.split("-", 1)[1]) if mode.startswith("multi-") else 1
+        include_usage = (bool((request.get("stream_options") or {}).get("include_usage")) and mode != "nousage"
+                         and per_chunk == 1)
         writer.write(self._head(200, "text/event-stream", None))
         pace_s = float(mode.split("-", 1)[1]) / 1000 if mode.startswith("paced-") else 0.0
         timestamped = mode == "firehose" or mode.startswith("paced-")
+        n_tokens = -(-n_tokens // per_chunk) if per_chunk > 1 else n_tokens  # chunks to send
         if mode == "empty":
             n_tokens = 0
         elif mode in ("disconnect", "malformed"):
@@ -151,7 +166,12 @@ class _Handler:
         for i in range(n_tokens):
             if pace_s:
                 await asyncio.sleep(pace_s)
-            text = f"{time.perf_counter_ns()} " if timestamped else f"tok{i} "
+            if timestamped:
+                text = (f"r{received_ns} " if i == 0 else "") + f"{time.perf_counter_ns()} "
+            elif per_chunk > 1:
+                text = "".join(f" {MULTI_WORDS[(i * per_chunk + j) % len(MULTI_WORDS)]}" for j in range(per_chunk))
+            else:
+                text = f"tok{i} "
             writer.write(_chunk_bytes(_sse(_token_event(chat, text))))
             if pace_s or i % 16 == 15:
                 await writer.drain()

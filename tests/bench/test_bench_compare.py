@@ -12,6 +12,7 @@ SUMMARY = RunSummary.parse({
     "completed": 4, "prompt_tokens": 256, "output_tokens": 128, "mean_in_flight": 2.6,
     "load": {"concurrency": None, "rate": 2.0},
     "ttft_s": {"p50": 0.2, "mean": 0.25}, "itl_s": {"mean": 0.005, "p50": 0.0049}, "tpot_s": {"mean": 0.02},
+    "itl_token_s": {"mean": 0.0125},
     "e2e_s": {"p50": 0.9}, "output_tok_s": 100.0,
 })
 
@@ -27,6 +28,8 @@ def test_ratios_are_measured_over_predicted():
                              "decode_tok_s": 100.0})
     assert rows["ttft_s"].ratio == pytest.approx(2.0)
     assert rows["tpot_s"].ratio == pytest.approx(2.0)  # per token, not per chunk (itl_s mean is 0.005 here)
+    assert rows["itl_token_s"].ratio == pytest.approx(1.25)
+    assert "itl_s" not in rows  # the per-chunk ITL is never compared with a per-token prediction
     assert rows["e2e_s"].ratio is None and rows["e2e_s"].measured == 0.9
     assert rows["output_tok_s"].ratio == pytest.approx(0.25)
     assert rows["decode_tok_s_per_user"].measured == pytest.approx(50.0)

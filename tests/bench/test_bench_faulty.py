@@ -38,7 +38,8 @@ async def test_a_stream_that_never_ends_hits_the_per_request_timeout(faulty_serv
     record = await one(faulty_server.url("hang"), timeout_s=0.3)
     assert record.error_kind == "timeout"
     assert record.output_chunks == 1  # what arrived before the timeout is kept
-    assert 0.3 <= record.e2e_s < 2.0
+    # the timeout runs from before the connection, E2E from the request being on the socket (connecting excluded)
+    assert 0.2 <= record.e2e_s <= 0.3 + 0.05
 
 
 async def test_connection_refused_is_a_connect_error():
@@ -79,7 +80,7 @@ def test_cli_exit_code_reflects_failures_only_with_fail_on_error(faulty_server, 
     summary = json.loads(out)
     assert summary["errors"] == {"http_503": 3} and summary["completed"] == 0
     assert (tmp_path / "summary.json").exists() and len((tmp_path / "requests.jsonl").read_text().splitlines()) == 3
-    code, _, _ = run_cli(args + ["--fail-on-error"])
+    code, _, _ = run_cli(args + ["--fail-on-error", "--force"])
     assert code == 1
 
 

@@ -11,12 +11,16 @@ from hypothesis import strategies as st
 
 from speedlimit.artifacts import RequestRecord
 from speedlimit.bench.metrics import (
+    SLO_KEYS,
     distribution,
     find_knee,
     meets_slo,
     parse_duration_s,
     parse_slo,
+    request_itl_p99_s,
+    run_warnings,
     summarize,
+    token_gaps_s,
 )
 from speedlimit.errors import SpeedlimitError
 
@@ -128,3 +132,52 @@ def test_record_json_row_leaves_out_text_but_keeps_tpot():
     assert "output_text" not in row and row["output_chars"] == 3
     assert math.isclose(row["tpot_s"], r.tpot_s)
     assert np.isclose(row["e2e_s"], 0.121)
+
+
+def chunky(index, gaps, tokens_per_chunk, *, source="usage", finish="length"):
+    """A request whose every chunk carries `tokens_per_chunk` tokens."""
+    r = record(index, 0.1, gaps, tokens=(len(gaps) + 1) * tokens_per_chunk, source=source)
+    r.finish_reason = finish
+    return r
+
+
+def test_itl_per_token_divides_each_chunk_gap_by_tokens_per_chunk():
+    four = chunky(0, [0.12] * 3, 4)
+    assert token_gaps_s(four) == pytest.approx([0.03] * 3)
+    summary = summarize([four], duration_s=1.0)
+    assert summary.itl_s.mean == pytest.approx(0.12)  # per chunk, as sent
+    assert summary.itl_token_s.mean == pytest.approx(0.03)
+    one = record(1, 0.1, [0.02, 0.04])
+    assert summarize([one], 1.0).itl_token_s == summarize([one], 1.0).itl_s  # one token per chunk: the same
+
+
+def test_itl_slo_judges_per_token_gaps_not_chunks():
+    """120 ms between 4-token chunks is 30 ms per token: it meets itl=50ms (the issue's 0/16 goodput)."""
+    slo = parse_slo("itl=50ms")
+    assert meets_slo(chunky(0, [0.12] * 10, 4), slo)
+    assert not meets_slo(chunky(1, [0.12] * 10, 1), slo)
+
+
+def test_itl_slo_p99_is_nearest_rank_so_the_max_below_100_gaps():
+    gaps = [0.01] * 98 + [0.02, 0.5]  # 100 gaps: nearest-rank p99 is the 99th smallest
+    assert request_itl_p99_s(record(0, 0.1, gaps)) == pytest.approx(0.02)
+    assert request_itl_p99_s(record(1, 0.1, [0.01] * 50 + [0.3])) == pytest.approx(0.3)  # < 100 gaps: the max
+    assert "max when < 100 gaps" in SLO_KEYS["itl"]
+    gaps = [0.01] * 197 + [0.2, 0.3, 0.4]  # 200 gaps: ceil(198) -> the third largest
+    assert request_itl_p99_s(record(2, 0.1, gaps)) == pytest.approx(0.2)
+
+
+def test_chunk_counts_that_contradict_forced_output_warn_loudly():
+    records = [chunky(i, [0.1] * 3, 1, source="chunks") for i in range(4)]  # 4 chunks each for 16 asked
+    (warning,) = run_warnings(records, requested_output_tokens=16, forced_output=True)
+    assert "contradict" in warning and "~4.0 tokens per chunk" in warning and "--tokenizer" in warning
+    (quiet,) = run_warnings(records, requested_output_tokens=16, forced_output=False)
+    assert "counted as stream chunks" in quiet and "--tokenizer" in quiet
+    assert run_warnings([record(0, 0.1, [0.1] * 15)], 16, True) == []  # usage: nothing to say
+
+
+def test_all_failed_warns_but_an_interruption_alone_does_not():
+    failed = [RequestRecord(index=i, error_kind="http_404") for i in range(3)]
+    (warning,) = run_warnings(failed)
+    assert "every request failed (http_404 3)" in warning
+    assert run_warnings([RequestRecord(index=0, error_kind="cancelled")]) == []

@@ -2,7 +2,10 @@
 
 aiohttp, not httpx: on the 2-core dev box aiohttp read ~7x more SSE tokens/s than httpx's `aiter_lines` against
 the same local firehose with 1,000 concurrent streams (see benchmarks/bench_client_overhead.py for current figures).
-The timestamp of an SSE event is `time.perf_counter_ns()` taken the moment the socket read that carried it returns;
+A request's start is `time.perf_counter_ns()` taken when aiohttp has handed its last body byte to the socket (its
+`on_request_chunk_sent` trace hook), not before `session.post`: waiting for a pooled connection, or for other streams'
+work on the shared event loop, is not the server's latency. The timestamp of an SSE event is `time.perf_counter_ns()`
+taken the moment the socket read that carried it returns;
 the hot loop only stamps and stores reads and parsing happens after the stream (or every PARSE_BACKLOG_READS reads),
 so neither this stream's nor other streams' parsing shows up as latency. uvloop is used when installed. Every failure becomes an error *kind*, never an
 exception out of `send_request`.
@@ -88,11 +91,20 @@ def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
     return body
 
 
+async def _stamp_sent(_session: aiohttp.ClientSession, context: Any, _params: Any) -> None:
+    """Trace hook: the request (its last body chunk so far) is on the socket now; that is its start."""
+    record = (context.trace_request_ctx or {}).get("record")
+    if record is not None:
+        record.start_ns = time.perf_counter_ns()
+
+
 def make_session(limit: int = 0) -> aiohttp.ClientSession:
     """One pooled session for a whole run: no connection cap (0), no total timeout (we time each request)."""
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=300, force_close=False)
+    sent = aiohttp.TraceConfig()
+    sent.on_request_chunk_sent.append(_stamp_sent)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                 read_bufsize=2**16, auto_decompress=False)
+                                 read_bufsize=2**16, auto_decompress=False, trace_configs=[sent])
 
 
 def run_async(coro, use_uvloop: bool = True):
@@ -184,10 +196,11 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec:
     stamps: list[int] = []
     reads: list[bytes] = []
     body_complete = False
-    record.start_ns = time.perf_counter_ns()
+    record.start_ns = time.perf_counter_ns()  # replaced by _stamp_sent once the request is on the socket
     try:
         async with asyncio.timeout(endpoint.timeout_s):
-            async with session.post(endpoint.url, data=payload, headers=endpoint.headers) as response:
+            async with session.post(endpoint.url, data=payload, headers=endpoint.headers,
+                                    trace_request_ctx={"record": record}) as response:
                 record.http_status = response.status
                 if response.status != 200:
                     body = await response.content.read(2000)
@@ -210,6 +223,11 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec:
         record.error_kind, record.error_text = "disconnect", (str(error) or type(error).__name__)[:300]
     except aiohttp.ClientError as error:
         record.error_kind, record.error_text = "client", (str(error) or type(error).__name__)[:300]
+    except asyncio.CancelledError:  # the run was stopped (Ctrl-C, SIGTERM): keep what arrived, as `cancelled`
+        record.error_kind, record.error_text = "cancelled", "the run was interrupted while this request was in flight"
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
     record.end_ns = time.perf_counter_ns()
     parse.consume(stamps, reads)
     if body_complete:
@@ -248,21 +266,41 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec:
     return record
 
 
+#: Seconds the pre-flight waits for `GET /models` (or --timeout, when shorter).
+PREFLIGHT_TIMEOUT_S = 15.0
+
+
 async def check_server(session: aiohttp.ClientSession, endpoint: Endpoint) -> list[str]:
-    """Pre-flight `GET /models`: model ids the server lists. Unreachable server or refused key -> SpeedlimitError."""
+    """Pre-flight `GET /models`: the model ids the server lists. Anything but a JSON answer with status 200 (no
+    server, a hang, a refused key, a 404 from a URL without /v1 or from a server that is no OpenAI API) is a
+    `SpeedlimitError` that says which."""
+    url = endpoint.base_url + "/models"
+    timeout_s = min(PREFLIGHT_TIMEOUT_S, endpoint.timeout_s)
+    skip = "or pass --skip-preflight to send anyway"
     try:
-        async with session.get(endpoint.base_url + "/models", headers=endpoint.headers,
-                               timeout=aiohttp.ClientTimeout(total=15)) as response:
+        async with session.get(url, headers=endpoint.headers,
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             if response.status in (401, 403):
                 raise SpeedlimitError(f"{endpoint.base_url} refused the API key (HTTP {response.status}): "
                                       f"pass --api-key or set {API_KEY_ENV}")
             if response.status != 200:
-                return []
+                hint = ("--url is the API base, which usually ends in /v1 (e.g. --url "
+                        f"{endpoint.base_url}/v1)" if not endpoint.base_url.endswith("/v1") else
+                        "is this an OpenAI-compatible server, and is --url its API base?")
+                raise SpeedlimitError(f"GET {url} answered HTTP {response.status}: {hint} ({skip})")
             reply = await response.json(content_type=None)
-    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, TimeoutError) as error:
-        raise SpeedlimitError(f"cannot reach {endpoint.base_url} ({error or type(error).__name__}): start the server "
-                              "or fix --url (or pass --skip-preflight to record connection errors instead)") from None
-    except (aiohttp.ClientError, ValueError):
-        return []
+    except TimeoutError:
+        raise SpeedlimitError(f"GET {url} timed out after {timeout_s:g} s: the server accepted the connection but "
+                              f"did not answer (stuck, or still loading?) ({skip})") from None
+    except aiohttp.ClientConnectorError as error:
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        raise SpeedlimitError(f"cannot reach {endpoint.base_url} ({reason}): start the server or fix --url "
+                              f"({skip} and record connection errors instead)") from None
+    except aiohttp.ServerDisconnectedError:
+        raise SpeedlimitError(f"{endpoint.base_url} closed the connection without answering GET {url} "
+                              f"({skip})") from None
+    except (aiohttp.ClientError, ValueError) as error:
+        raise SpeedlimitError(f"GET {url} did not answer JSON ({str(error)[:120] or type(error).__name__}): is --url "
+                              f"an OpenAI-compatible API base? ({skip})") from None
     data = reply.get("data") if isinstance(reply, dict) else None
     return [str(m.get("id")) for m in data or [] if isinstance(m, dict) and m.get("id")]

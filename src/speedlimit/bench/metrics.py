@@ -4,7 +4,12 @@ No I/O here: everything takes records (`speedlimit.artifacts.RequestRecord`) and
 timings. Definitions (seconds throughout):
 
 - TTFT: request sent -> first SSE event that carries generated text.
-- ITL: every gap between consecutive text-carrying events of one request (pooled over requests in the summary).
+- TTFT: request sent (its last byte on the socket) -> first SSE event that carries generated text.
+- ITL per chunk (`itl_s`): every gap between consecutive text-carrying events of one request (pooled over requests).
+- ITL per token (`itl_token_s`): each chunk gap divided by its request's mean tokens per chunk
+  (output_tokens / output_chunks), one sample per gap. Equal to the per-chunk ITL when every chunk carries one
+  token; against a server that sends 4 tokens per chunk it is a quarter of it. `--slo itl=` and `--compare-estimate`
+  use this one: an SLO or an estimate is about tokens, not about how the server packs them into events.
 - TPOT: (E2E - TTFT) / (output_tokens - 1), so it spreads multi-token chunks over their tokens.
 - E2E: request sent -> end of the response stream.
 - Throughput figures divide totals of *completed* requests by the run's wall time (first send -> last end).
@@ -24,7 +29,7 @@ PERCENTILES = (50, 90, 95, 99)
 
 #: Error kinds a request can end with (None = completed). `http_<status>` covers every non-200 status.
 ERROR_KINDS = ("connect", "disconnect", "truncated", "malformed_sse", "timeout", "empty", "server_error",
-               "http_<status>", "client")
+               "http_<status>", "client", "cancelled")
 
 
 def distribution(values: Iterable[float | None]) -> Distribution:
@@ -41,7 +46,8 @@ def distribution(values: Iterable[float | None]) -> Distribution:
 
 SLO_KEYS = {
     "ttft": "time to first token of the request",
-    "itl": "p99 of the request's own inter-token gaps (its max when it has < 100 gaps)",
+    "itl": "p99 (nearest rank: the max when < 100 gaps) of the request's own per-token gaps (chunk gap / tokens per "
+           "chunk)",
     "tpot": "time per output token of the request",
     "e2e": "end-to-end latency of the request",
 }
@@ -73,10 +79,25 @@ def parse_slo(text: str | None) -> dict[str, float]:
     return slo
 
 
+def tokens_per_chunk(record: RequestRecord) -> float:
+    """The request's mean output tokens per text-carrying event (1 when unknown)."""
+    if record.output_tokens and record.output_chunks:
+        return max(record.output_tokens / record.output_chunks, 1e-9)
+    return 1.0
+
+
+def token_gaps_s(record: RequestRecord) -> list[float]:
+    """Per-token inter-token gaps of one request: each chunk gap divided by its mean tokens per chunk."""
+    per_chunk = tokens_per_chunk(record)
+    return [gap / per_chunk for gap in record.itl_s] if per_chunk != 1.0 else list(record.itl_s)
+
+
 def request_itl_p99_s(record: RequestRecord) -> float | None:
-    if not record.itl_s:
+    """Nearest-rank p99 of the request's per-token gaps: the ceil(0.99 n)-th smallest, so its max when n < 100."""
+    gaps = token_gaps_s(record)
+    if not gaps:
         return None
-    return float(np.percentile(np.asarray(record.itl_s, dtype=float), 99))
+    return float(np.percentile(np.asarray(gaps, dtype=float), 99, method="inverted_cdf"))
 
 
 def meets_slo(record: RequestRecord, slo: dict[str, float]) -> bool:
@@ -125,6 +146,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: dict[str
         duration_s=duration_s,
         ttft_s=distribution(r.ttft_s for r in done),
         itl_s=distribution(gap for r in done for gap in r.itl_s),
+        itl_token_s=distribution(gap for r in done for gap in token_gaps_s(r)),
         tpot_s=distribution(r.tpot_s for r in done),
         e2e_s=distribution(r.e2e_s for r in done),
         request_s=rate(len(done)),
@@ -143,6 +165,39 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: dict[str
         prompt_token_sources=prompt_sources,
         **context,
     )
+
+
+def run_warnings(records: Sequence[RequestRecord], requested_output_tokens: int | None = None,
+                 forced_output: bool = False) -> list[str]:
+    """What a reader of this run's numbers must know: token counts that are only chunk counts, all-failed runs."""
+    warnings = []
+    done = [r for r in records if r.ok]
+    ended = [r for r in records if r.error_kind != "cancelled"]  # cancelled: stopped by us, not the server
+    if ended and not done:
+        errors: dict[str, int] = {}
+        for record in ended:
+            errors[record.error_kind or "?"] = errors.get(record.error_kind or "?", 0) + 1
+        kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(errors.items()))
+        warnings.append(f"every request failed ({kinds}): these are no measurements of the server")
+    chunks = [r for r in done if r.token_count_source == "chunks"]
+    if not chunks:
+        return warnings
+    hint = ("pass --tokenizer PATH (the model's tokenizer.json or .gguf) to count them exactly, or use a server that "
+            "reports usage")
+    contradicting = [r for r in chunks if forced_output and requested_output_tokens
+                     and r.finish_reason == "length" and r.output_chunks < requested_output_tokens]
+    if contradicting:
+        mean_chunks = sum(r.output_chunks for r in contradicting) / len(contradicting)
+        warnings.append(
+            f"output tokens are stream chunks, and they contradict the forced --output-tokens "
+            f"{requested_output_tokens}: {len(contradicting)} request(s) ended with finish_reason 'length' after "
+            f"{mean_chunks:.1f} chunks on average, so the server sends ~{requested_output_tokens / mean_chunks:.1f} "
+            f"tokens per chunk and tok/s, TPOT and per-token ITL are off by that factor; {hint}")
+    else:
+        warnings.append(f"output tokens of {len(chunks)} of {len(done)} completed request(s) are counted as stream "
+                        f"chunks (no usage from the server, no tokenizer): if a chunk carries several tokens, tok/s, "
+                        f"TPOT and per-token ITL are wrong; {hint}")
+    return warnings
 
 
 # --- sweeps: knee and saturation -----------------------------------------------------------------

@@ -4,11 +4,20 @@ warm-up, sweeps, incremental results on disk. All I/O of a run lives here; the n
 Closed loop: C workers, each sends its next request as soon as its previous one ends. Open loop: requests leave at
 seeded gamma-distributed times with mean rate R whatever the server does (so queueing shows up as latency). A run
 ends after N requests, or once S seconds have passed (no new request starts after S; in-flight ones finish).
+
+Interruption (SIGINT/SIGTERM, see `BenchRunner.stop_on_signals`): no new request starts, requests in flight end as
+`cancelled` with what they received, and the run's (and a sweep's) summary of what finished is written as usual,
+marked `interrupted`. Rows of requests.jsonl are written by a background writer that yields to pending sends first,
+so file writes never delay a request going out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,13 +25,26 @@ from typing import Any, Callable
 
 from speedlimit.bench.client import Endpoint, check_server, make_session, raise_open_file_limit, send_request
 from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary, write_records
-from speedlimit.bench.metrics import find_knee, summarize
-from speedlimit.bench.tokenizer import ServerTokenizer, probe_tokenizer
+from speedlimit.bench.metrics import find_knee, run_warnings, summarize
+from speedlimit.bench.tokenizer import LocalTokenizer, ServerTokenizer, load_local_tokenizer, probe_tokenizer
 from speedlimit.bench.workload import LengthSpec, RequestSpec, arrival_offsets_s, build_requests, load_dataset
 from speedlimit.errors import SpeedlimitError
 
 #: Prompt pool size for --duration runs, where the request count is not known in advance (prompts then cycle).
 DURATION_POOL_CLOSED = 512
+#: Bounds on the load, so that an absurd number is an error before anything is created, not a MemoryError later.
+MAX_REQUESTS = 1_000_000
+MAX_CONCURRENCY = 100_000
+#: Distinct prompts built at most, and the prompt tokens they may hold together; past either, prompts cycle.
+MAX_PROMPT_POOL = 10_000
+PROMPT_TOKEN_BUDGET = 50_000_000
+#: Files and folders a bench run writes into --out; an --out that holds any of them holds a run.
+RUN_FILES = ("requests.jsonl", "summary.json")
+
+
+def _finite(name: str, value: float | None) -> None:
+    if value is not None and math.isnan(value):
+        raise SpeedlimitError(f"{name} must be a number, not nan")
 
 
 @dataclass
@@ -37,36 +59,54 @@ class LoadPlan:
     warmup: int = 0
 
     def __post_init__(self) -> None:
+        for name, value in (("--rate", self.rate), ("--burstiness", self.burstiness), ("--duration", self.duration_s)):
+            _finite(name, value)
         if (self.concurrency is None) == (self.rate is None):
             raise SpeedlimitError("give exactly one of --concurrency (closed loop) or --rate (open loop)")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise SpeedlimitError("--concurrency must be >= 1")
+        if self.concurrency is not None and not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise SpeedlimitError(f"--concurrency must be between 1 and {MAX_CONCURRENCY:,}")
         if self.rate is not None and self.rate <= 0:
             raise SpeedlimitError("--rate must be > 0 requests/s (use inf to send all at once)")
-        if self.burstiness <= 0:
-            raise SpeedlimitError("--burstiness must be > 0")
+        if not 0 < self.burstiness < math.inf:
+            raise SpeedlimitError("--burstiness must be a finite number > 0")
         if self.requests is not None and self.duration_s is not None:
             raise SpeedlimitError("give --requests or --duration, not both")
         if self.requests is None and self.duration_s is None:
             self.requests = 100
-        if self.requests is not None and self.requests < 1:
-            raise SpeedlimitError("--requests must be >= 1")
-        if self.duration_s is not None and self.duration_s <= 0:
-            raise SpeedlimitError("--duration must be > 0 seconds")
-        if self.warmup < 0:
-            raise SpeedlimitError("--warmup must be >= 0")
+        if self.requests is not None and not 1 <= self.requests <= MAX_REQUESTS:
+            raise SpeedlimitError(f"--requests must be between 1 and {MAX_REQUESTS:,}")
+        if self.duration_s is not None and not 0 < self.duration_s < math.inf:
+            raise SpeedlimitError("--duration must be a finite number of seconds > 0")
+        if self.rate is not None and self.duration_s is not None and self.rate * self.duration_s > MAX_REQUESTS:
+            raise SpeedlimitError(f"--rate × --duration asks for more than {MAX_REQUESTS:,} requests: shorten the "
+                                  "run or lower the rate")
+        if not 0 <= self.warmup <= MAX_REQUESTS:
+            raise SpeedlimitError(f"--warmup must be between 0 and {MAX_REQUESTS:,}")
 
     @property
-    def pool_size(self) -> int:
+    def request_count(self) -> int:
+        """Requests the run sends at most (a --duration run may stop earlier)."""
         if self.requests is not None:
             return self.requests
         if self.rate is not None and self.rate != float("inf"):
-            return max(16, int(self.rate * self.duration_s * 1.5) + 16)
-        return max(DURATION_POOL_CLOSED, 4 * (self.concurrency or 1))
+            return min(MAX_REQUESTS, max(16, int(self.rate * self.duration_s * 1.5) + 16))
+        if self.rate is not None:
+            return max(DURATION_POOL_CLOSED, 4 * (self.concurrency or 1))
+        return MAX_REQUESTS  # closed loop for --duration: bounded by the clock
+
+    def pool_size(self, mean_prompt_tokens: float) -> int:
+        """Distinct prompts to build (requests past it reuse them in turn)."""
+        budget = max(1, int(PROMPT_TOKEN_BUDGET // max(mean_prompt_tokens, 1)))
+        wanted = self.requests if self.requests is not None else max(DURATION_POOL_CLOSED, 4 * (self.concurrency or 1))
+        return max(1, min(wanted, MAX_PROMPT_POOL, budget))
 
     def describe(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency, "rate": self.rate, "burstiness": self.burstiness,
                 "requests": self.requests, "duration_s": self.duration_s, "warmup": self.warmup}
+
+
+#: Largest prompt or output length in tokens (2**20: beyond every context window served today).
+MAX_TOKENS = 2**20
 
 
 @dataclass
@@ -76,20 +116,85 @@ class WorkloadPlan:
     dataset: Path | None = None
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.output_tokens <= MAX_TOKENS:
+            raise SpeedlimitError(f"--output-tokens must be between 1 and {MAX_TOKENS:,}")
+        spec = self.prompt_tokens
+        largest = spec.b if spec.kind == "uniform" else spec.a + 4 * spec.b if spec.kind == "normal" else spec.a
+        if largest > MAX_TOKENS:
+            raise SpeedlimitError(f"--prompt-tokens asks for prompts of up to {largest:,.0f} tokens: the most is "
+                                  f"{MAX_TOKENS:,}")
+
+
+def _previous_run(out: Path) -> list[Path]:
+    """What a bench run left in `out`: requests.jsonl, summary.json, report/, sweep levels' folders."""
+    return [p for p in out.iterdir() if p.name in RUN_FILES or p.name == "report"
+            or (p.is_dir() and p.name.startswith(("concurrency_", "rate_")) and (p / "summary.json").exists())]
+
+
+def check_out_dir(out: Path | None, force: bool = False) -> None:
+    """--out, checked before anything is sent or created: never a file, never a directory that already holds a run
+    unless `force` (then `prepare_out_dir` replaces that run)."""
+    if out is None:
+        return
+    if out.exists() and not out.is_dir():
+        raise SpeedlimitError(f"--out {out} is a file: give a directory for requests.jsonl and summary.json")
+    if out.is_dir() and not force:
+        previous = _previous_run(out)
+        if previous:
+            raise SpeedlimitError(f"--out {out} already holds a bench run ({', '.join(sorted(p.name for p in previous))}"
+                                  "): give a fresh directory, or pass --force to replace that run")
+
+
+def prepare_out_dir(out: Path | None, force: bool = False) -> None:
+    """Create --out (after `check_out_dir`, once the server answered); with `force`, remove the run it held."""
+    if out is None:
+        return
+    check_out_dir(out, force)
+    try:
+        if out.is_dir():
+            for path in _previous_run(out):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".speedlimit-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise SpeedlimitError(f"cannot write to --out {out} ({error.strerror or error})") from None
+
 
 class RecordSink:
-    """requests.jsonl, appended and flushed as each request completes (Ctrl-C or a crash loses nothing)."""
+    """requests.jsonl, appended as each request completes. Rows are queued and written by a background task that
+    first yields to pending sends, then writes and flushes everything queued: a file write never delays a request
+    going out, and a finished request is on disk within one event-loop turn (Ctrl-C loses nothing)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._file = None
+        self._pending: list[RequestRecord] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("w", encoding="utf-8")
+            self._task = asyncio.create_task(self._drain())
 
     def write(self, record: RequestRecord) -> None:
         if self._file is not None:
-            self._file.write(record.to_json_line())
+            self._pending.append(record)
+            self._wake.set()
+
+    async def _drain(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(0)  # let sends that are ready go out first
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._file is not None and self._pending:
+            pending, self._pending = self._pending, []
+            self._file.write("".join(record.to_json_line() for record in pending))
             self._file.flush()
 
     def rewrite(self, records: list[RequestRecord]) -> None:
@@ -100,56 +205,87 @@ class RecordSink:
         write_records(self.path, records)
 
     def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._flush()
         if self._file is not None:
             self._file.close()
             self._file = None
 
 
-async def run_closed_loop(session, endpoint: Endpoint, specs: list[RequestSpec], concurrency: int,
-                          deadline_ns: int | None, on_record: Callable[[RequestRecord], None]) -> list[RequestRecord]:
-    records: list[RequestRecord] = []
-    cursor = iter(range(10**12))
-    pool = len(specs)
+class _Sender:
+    """Sends requests for one run and remembers which are in flight, so that `stop` can cancel exactly those."""
+
+    def __init__(self, session, endpoint: Endpoint, on_record: Callable[[RequestRecord], None]) -> None:
+        self.session = session
+        self.endpoint = endpoint
+        self.on_record = on_record
+        self.records: list[RequestRecord] = []
+        self.in_flight: set[asyncio.Task] = set()
+        self.stopping = False
+        self.stopped = asyncio.Event()
+
+    async def send(self, spec: RequestSpec) -> None:
+        task = asyncio.create_task(send_request(self.session, self.endpoint, spec))
+        self.in_flight.add(task)
+        try:
+            record = await task  # `stop` cancels `task`; send_request then returns it as `cancelled`
+        except asyncio.CancelledError:
+            if task.cancelled() and self.stopping:
+                return  # cancelled before it started: nothing was sent
+            raise
+        finally:
+            self.in_flight.discard(task)
+        self.records.append(record)
+        self.on_record(record)
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.stopped.set()
+        for task in list(self.in_flight):
+            task.cancel()
+
+
+def _cycled(specs: list[RequestSpec], n: int) -> RequestSpec:
+    spec = specs[n % len(specs)]
+    if n < len(specs):
+        return spec
+    return RequestSpec(n, spec.prompt, spec.max_tokens, spec.prompt_tokens, spec.prompt_token_source, spec.messages,
+                       spec.extra)
+
+
+async def run_closed_loop(sender: _Sender, specs: list[RequestSpec], n_requests: int, concurrency: int,
+                          deadline_ns: int | None) -> list[RequestRecord]:
+    cursor = iter(range(n_requests))
 
     async def worker() -> None:
         for n in cursor:
-            if deadline_ns is None and n >= pool:
+            if sender.stopping or (deadline_ns is not None and time.perf_counter_ns() >= deadline_ns):
                 return
-            if deadline_ns is not None and time.perf_counter_ns() >= deadline_ns:
-                return
-            spec = specs[n % pool]
-            if n >= pool:
-                spec = RequestSpec(n, spec.prompt, spec.max_tokens, spec.prompt_tokens, spec.prompt_token_source,
-                                   spec.messages, spec.extra)
-            record = await send_request(session, endpoint, spec)
-            records.append(record)
-            on_record(record)
+            await sender.send(_cycled(specs, n))
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return records
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, n_requests))))
+    return sender.records
 
 
-async def run_open_loop(session, endpoint: Endpoint, specs: list[RequestSpec], offsets_s: list[float],
-                        deadline_ns: int | None, on_record: Callable[[RequestRecord], None]) -> list[RequestRecord]:
-    records: list[RequestRecord] = []
+async def run_open_loop(sender: _Sender, specs: list[RequestSpec], offsets_s: list[float],
+                        deadline_ns: int | None) -> list[RequestRecord]:
     start_ns = time.perf_counter_ns()
-
-    async def one(spec: RequestSpec) -> None:
-        record = await send_request(session, endpoint, spec)
-        records.append(record)
-        on_record(record)
-
     tasks = []
-    for spec, offset_s in zip(specs, offsets_s):
+    for n, offset_s in enumerate(offsets_s):
         send_ns = start_ns + int(offset_s * 1e9)
         if deadline_ns is not None and send_ns >= deadline_ns:
             break
         delay_s = (send_ns - time.perf_counter_ns()) / 1e9
         if delay_s > 0:
-            await asyncio.sleep(delay_s)
-        tasks.append(asyncio.create_task(one(spec)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sender.stopped.wait(), delay_s)
+        if sender.stopping:
+            break
+        tasks.append(asyncio.create_task(sender.send(_cycled(specs, n))))
     await asyncio.gather(*tasks)
-    return records
+    return sender.records
 
 
 @dataclass
@@ -158,11 +294,24 @@ class RunResult:
     summary: RunSummary
 
 
+def pick_model(endpoint: Endpoint, served: list[str]) -> str | None:
+    """--model checked against what the server lists (default: its first model); a one-line error naming them."""
+    listed = ", ".join(served[:20]) + (f" (and {len(served) - 20} more)" if len(served) > 20 else "")
+    if endpoint.model is None:
+        if not served:
+            raise SpeedlimitError(f"{endpoint.base_url}/models lists no model: pass --model NAME")
+        return served[0]
+    if served and endpoint.model not in served and f"{endpoint.model}:latest" not in served:
+        raise SpeedlimitError(f"the server does not serve --model {endpoint.model!r}; {endpoint.base_url}/models "
+                              f"lists: {listed} (or pass --skip-preflight to send anyway)")
+    return endpoint.model
+
+
 class BenchRunner:
     """Owns the session, tokenizer and prompts of one `speedlimit bench` invocation (one run or one sweep)."""
 
     def __init__(self, endpoint: Endpoint, workload: WorkloadPlan, *, slo: dict[str, float] | None = None,
-                 preflight: bool = True, count_tokens: bool = True,
+                 preflight: bool = True, count_tokens: bool = True, tokenizer_path: Path | None = None,
                  progress: Callable[[str, int | None], Any] | None = None) -> None:
         self.endpoint = endpoint
         self.workload = workload
@@ -171,9 +320,13 @@ class BenchRunner:
         self.count_tokens = count_tokens
         self.progress = progress  # progress(description, total) -> object with .advance(record) / .close()
         self.session = None
-        self.tokenizer: ServerTokenizer | None = None
+        self.tokenizer: ServerTokenizer | LocalTokenizer | None = (
+            load_local_tokenizer(tokenizer_path) if tokenizer_path is not None else None)
         self.served_models: list[str] = []
         self.dataset = load_dataset(workload.dataset) if workload.dataset else None
+        self.interrupted: str | None = None  # the signal that stopped this invocation
+        self._sender: _Sender | None = None
+        self._running = 0  # > 0 inside run()/sweep(): a signal then stops the run instead of cancelling
 
     async def __aenter__(self) -> "BenchRunner":
         raise_open_file_limit()
@@ -181,12 +334,10 @@ class BenchRunner:
         try:
             if self.preflight:
                 self.served_models = await check_server(self.session, self.endpoint)
-                if self.endpoint.model is None:
-                    if not self.served_models:
-                        raise SpeedlimitError(f"{self.endpoint.base_url}/models lists no model: pass --model NAME")
-                    self.endpoint.model = self.served_models[0]
-                self.tokenizer = await probe_tokenizer(self.session, self.endpoint.root_url, self.endpoint.model,
-                                                       self.endpoint.headers)
+                self.endpoint.model = pick_model(self.endpoint, self.served_models)
+                if self.tokenizer is None:
+                    self.tokenizer = await probe_tokenizer(self.session, self.endpoint.root_url, self.endpoint.model,
+                                                           self.endpoint.headers)
         except BaseException:  # __aexit__ does not run when __aenter__ fails: close the session here
             await self.session.close()
             raise
@@ -196,6 +347,45 @@ class BenchRunner:
         if self.session is not None:
             await self.session.close()
 
+    # --- interruption -------------------------------------------------------------------------------------------
+
+    def stop(self, reason: str = "stop") -> None:
+        """Stop early: no new request; requests in flight end as `cancelled`; summaries are still written."""
+        if self.interrupted is None:
+            self.interrupted = reason
+        if self._sender is not None:
+            self._sender.stop()
+
+    @contextlib.contextmanager
+    def stop_on_signals(self, task: asyncio.Task | None = None):
+        """While inside: the first SIGINT/SIGTERM calls `stop` (or cancels `task` when no run has started yet, e.g.
+        during the pre-flight); a second one cancels `task`, abandoning the summaries (requests.jsonl is kept)."""
+        loop = asyncio.get_running_loop()
+        task = task or asyncio.current_task()
+        installed = []
+
+        def on_signal(name: str) -> None:
+            if self.interrupted is not None or not self._running:
+                self.interrupted = self.interrupted or name
+                if task is not None:
+                    task.cancel()
+                return
+            self.stop(name)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, on_signal, sig.name)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+                pass
+        try:
+            yield self
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    # --- runs ---------------------------------------------------------------------------------------------------
+
     async def specs(self, n: int, salt: int = 0) -> list[RequestSpec]:
         return await build_requests(n, prompt_spec=self.workload.prompt_tokens,
                                     output_tokens=self.workload.output_tokens, seed=self.workload.seed + salt,
@@ -204,10 +394,22 @@ class BenchRunner:
     async def run(self, plan: LoadPlan, out_dir: Path | None = None, label: str = "bench") -> RunResult:
         """Warm up, run the plan, recount tokens, summarize; writes out_dir/requests.jsonl and summary.json."""
         assert self.session is not None, "use `async with BenchRunner(...)`"
-        specs = await self.specs(plan.pool_size)
-        if plan.warmup:
-            warm = await self.specs(plan.warmup, salt=10**6)
-            await run_closed_loop(self.session, self.endpoint, warm, plan.concurrency or 1, None, lambda r: None)
+        self._running += 1
+        try:
+            return await self._run(plan, out_dir, label)
+        finally:
+            self._running -= 1
+
+    async def _run(self, plan: LoadPlan, out_dir: Path | None, label: str) -> RunResult:
+        n_requests = plan.request_count
+        specs = await self.specs(plan.pool_size(self.workload.prompt_tokens.mean))
+        if plan.warmup and self.interrupted is None:
+            warm = await self.specs(min(plan.warmup, MAX_PROMPT_POOL), salt=10**6)
+            self._sender = _Sender(self.session, self.endpoint, lambda r: None)
+            try:
+                await run_closed_loop(self._sender, warm, plan.warmup, plan.concurrency or 1, None)
+            finally:
+                self._sender = None
         sink = RecordSink(out_dir / "requests.jsonl" if out_dir else None)
         tracker = self.progress(label, plan.requests) if self.progress else None
 
@@ -216,33 +418,39 @@ class BenchRunner:
             if tracker is not None:
                 tracker.advance(record)
 
+        sender = self._sender = _Sender(self.session, self.endpoint, on_record)
+        if self.interrupted is not None:
+            sender.stop()
         start_ns = time.perf_counter_ns()
         deadline_ns = start_ns + int(plan.duration_s * 1e9) if plan.duration_s else None
         try:
             if plan.concurrency is not None:
-                records = await run_closed_loop(self.session, self.endpoint, specs, plan.concurrency, deadline_ns,
-                                                on_record)
+                records = await run_closed_loop(sender, specs, n_requests, plan.concurrency, deadline_ns)
             else:
-                offsets = arrival_offsets_s(len(specs), plan.rate, plan.burstiness, self.workload.seed)
-                records = await run_open_loop(self.session, self.endpoint, specs, offsets, deadline_ns, on_record)
+                offsets = arrival_offsets_s(n_requests, plan.rate, plan.burstiness, self.workload.seed)
+                records = await run_open_loop(sender, specs, offsets, deadline_ns)
         finally:
+            self._sender = None
             if tracker is not None:
                 tracker.close()
+            sink.close()
         first_ns = min((r.start_ns for r in records), default=start_ns)
         last_ns = max((r.end_ns for r in records), default=start_ns)
         duration_s = (last_ns - first_ns) / 1e9
-        recounted = await self.recount_output_tokens(records)
-        if recounted:
-            sink.rewrite(records)
-        sink.close()
+        # a server's tokenizer may hang like the server did: after an interruption only a local one recounts
+        if self.interrupted is None or isinstance(self.tokenizer, LocalTokenizer):
+            if await self.recount_output_tokens(records):
+                sink.rewrite(records)
         summary = summarize(records, duration_s, self.slo, source="bench", offered_load=LoadInfo(**plan.describe()),
-                            endpoint=self.describe_endpoint())
+                            endpoint=self.describe_endpoint(), interrupted=self.interrupted,
+                            warnings=run_warnings(records, self.workload.output_tokens, self.endpoint.force_output))
         if out_dir is not None:
             summary.save(out_dir / "summary.json")
         return RunResult(records, summary)
 
     async def recount_output_tokens(self, records: list[RequestRecord]) -> bool:
-        """Without server usage, count outputs with the served model's tokenizer, after the timed window."""
+        """Without server usage, count outputs with the model's tokenizer (local or the server's), after the timed
+        window."""
         if self.tokenizer is None or not self.count_tokens:
             return False
         todo = [r for r in records if r.ok and r.token_count_source == "chunks"]
@@ -257,9 +465,14 @@ class BenchRunner:
         return bool(todo)
 
     def describe_endpoint(self) -> dict[str, Any]:
+        tokenizer = None
+        if isinstance(self.tokenizer, LocalTokenizer):
+            tokenizer = f"{self.tokenizer.kind}:{self.tokenizer.source}"
+        elif self.tokenizer is not None:
+            tokenizer = self.tokenizer.kind
         return {"url": self.endpoint.url, "api": self.endpoint.api, "model": self.endpoint.model,
                 "include_usage": self.endpoint.include_usage, "force_output": self.endpoint.force_output,
-                "tokenizer": self.tokenizer.kind if self.tokenizer else None,
+                "tokenizer": tokenizer,
                 "workload": {"prompt_tokens": vars(self.workload.prompt_tokens),
                              "output_tokens": self.workload.output_tokens,
                              "dataset": str(self.workload.dataset) if self.workload.dataset else None,
@@ -267,18 +480,31 @@ class BenchRunner:
 
     async def sweep(self, parameter: str, values: list[float], base: LoadPlan, out_dir: Path | None,
                     knee_fraction: float = 0.9) -> SweepSummary:
-        """One run per load level; the summary lists every point plus the knee and saturation throughput."""
+        """One run per load level; the summary lists every point plus the knee and saturation throughput. When
+        interrupted, the summary holds the levels run so far (the last one partial, marked `interrupted`)."""
+        self._running += 1
+        try:
+            return await self._sweep(parameter, values, base, out_dir, knee_fraction)
+        finally:
+            self._running -= 1
+
+    async def _sweep(self, parameter: str, values: list[float], base: LoadPlan, out_dir: Path | None,
+                     knee_fraction: float) -> SweepSummary:
         points = []
         for value in values:
+            if self.interrupted is not None:
+                break
             plan = LoadPlan(concurrency=int(value) if parameter == "concurrency" else None,
                             rate=value if parameter == "rate" else None, burstiness=base.burstiness,
                             requests=base.requests, duration_s=base.duration_s, warmup=base.warmup)
             point_dir = out_dir / f"{parameter}_{value:g}" if out_dir else None
             result = await self.run(plan, point_dir, label=f"{parameter}={value:g}")
             points.append(result.summary.model_copy(update={"sweep_value": value}))
-        knee = find_knee(values, [p.output_tok_s for p in points], knee_fraction)
+        finished = [p for p in points if p.interrupted is None] or points
+        knee = (find_knee([p.sweep_value for p in finished], [p.output_tok_s for p in finished], knee_fraction)
+                if finished else {})
         summary = SweepSummary(sweep=SweepInfo(parameter=parameter, values=values, **knee), points=points,
-                               endpoint=self.describe_endpoint())
+                               endpoint=self.describe_endpoint(), interrupted=self.interrupted)
         if out_dir is not None:
             summary.save(out_dir / "summary.json")
         return summary
@@ -294,8 +520,11 @@ def parse_sweep(text: str) -> tuple[str, list[float]]:
         values = sorted({float(v) for v in values_text.split(",") if v.strip()})
     except ValueError:
         raise SpeedlimitError(f"bad --sweep values in {text!r}: use numbers separated by commas") from None
-    if not values or any(v <= 0 for v in values):
+    if not values or any(not v > 0 for v in values):
         raise SpeedlimitError(f"bad --sweep {text!r}: give positive values")
-    if parameter == "concurrency" and any(v != int(v) for v in values):
+    if parameter == "concurrency" and any(not math.isfinite(v) or v != int(v) for v in values):
         raise SpeedlimitError("--sweep concurrency values must be whole numbers")
+    for value in values:  # each level is a LoadPlan: the same bounds as --concurrency/--rate
+        LoadPlan(concurrency=int(value) if parameter == "concurrency" else None,
+                 rate=value if parameter == "rate" else None)
     return parameter, values

@@ -1,13 +1,16 @@
 """The `speedlimit bench` typer command: parse flags, run `BenchRunner`, print/write the summary, pick the exit code.
 
 Exit codes: 0 after any run (errors are counted, not fatal), 1 when --fail-on-error and a request failed,
-2 on bad input or when the server is unreachable at start-up (pre-flight `GET /v1/models`; --skip-preflight turns
-that into per-request `connect` errors instead).
+2 on bad input (checked before anything is sent or created), an --out that already holds a run (unless --force), or
+a server that fails the pre-flight `GET /v1/models` (unreachable, hanging, 404, not serving --model; --skip-preflight
+sends anyway), 130 when interrupted (SIGINT/SIGTERM: the summary of what finished is still written and printed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -19,8 +22,8 @@ from speedlimit.artifacts import RunSummary, SweepSummary
 from speedlimit.bench.client import API_KEY_ENV, Endpoint, run_async
 from speedlimit.bench.compare import estimate_for
 from speedlimit.bench.metrics import parse_slo
-from speedlimit.cli.bench_view import LiveProgress, print_summary
-from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan, parse_sweep
+from speedlimit.cli.bench_view import LiveProgress, print_interrupted, print_summary, print_warnings
+from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan, check_out_dir, parse_sweep, prepare_out_dir
 from speedlimit.bench.workload import parse_length_spec
 from speedlimit.errors import SpeedlimitError
 
@@ -55,15 +58,21 @@ def bench_command(
     warmup: int = typer.Option(0, help="Requests sent first and left out of the results."),
     sweep: Optional[str] = typer.Option(None, help="concurrency=1,2,4 or rate=0.5,1,2: one run per value + knee."),
     knee_fraction: float = typer.Option(0.9, help="Knee = lowest load reaching this fraction of peak tok/s."),
-    slo: Optional[str] = typer.Option(None, help="Goodput SLO, e.g. ttft=500ms,itl=50ms (keys ttft itl tpot e2e)."),
+    slo: Optional[str] = typer.Option(None, help="Goodput SLO, e.g. ttft=500ms,itl=50ms (keys ttft itl tpot e2e; itl "
+                                                 "is per token: the request's nearest-rank p99, its max when < 100 "
+                                                 "gaps)."),
     timeout: float = typer.Option(600.0, help="Per-request timeout in seconds."),
-    out: Optional[Path] = typer.Option(None, help="Directory for requests.jsonl and summary.json."),
+    out: Optional[Path] = typer.Option(None, help="Directory for requests.jsonl and summary.json (must not hold a "
+                                                  "run already, unless --force)."),
+    force: bool = typer.Option(False, "--force", help="Replace the bench run already in --out."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
     fail_on_error: bool = typer.Option(False, help="Exit 1 when any request failed."),
     include_usage: bool = typer.Option(True, help="Ask for usage in the stream (stream_options.include_usage)."),
     force_output: bool = typer.Option(True, help="Send min_tokens and ignore_eos so outputs reach --output-tokens."),
     extra_body: Optional[str] = typer.Option(None, help="JSON object merged into every request body."),
     count_tokens: bool = typer.Option(True, help="Without usage, count output tokens with the server's tokenizer."),
+    tokenizer: Optional[Path] = typer.Option(None, help="The served model's tokenizer.json or .gguf: exact prompt "
+                                                        "lengths and output token counts without asking the server."),
     skip_preflight: bool = typer.Option(False, help="Do not check /v1/models or probe the tokenizer first."),
     progress: bool = typer.Option(True, help="Show live progress on stderr."),
     compare_estimate: bool = typer.Option(False, help="Add the estimator's prediction and measured/predicted."),
@@ -72,6 +81,7 @@ def bench_command(
                                                             "estimate (default: the served model name)."),
 ) -> None:
     """Load-test an OpenAI-compatible streaming server: TTFT, ITL, TPOT, E2E, throughput, goodput, errors."""
+    # every input is checked here, before anything is created or sent
     if compare_estimate and not hardware:
         raise SpeedlimitError("--compare-estimate needs --hardware NAME (a hardware catalog name)")
     if compare_estimate:  # fail before the run, not after it
@@ -80,32 +90,44 @@ def bench_command(
         resolve_hardware(hardware)
         if estimate_model:
             resolve_model(estimate_model)
+    if not 0 < timeout < math.inf:
+        raise SpeedlimitError("--timeout must be a finite number of seconds > 0")
+    if not 0 < knee_fraction <= 1:
+        raise SpeedlimitError("--knee-fraction must be in (0, 1]")
     if sweep is None and concurrency is None and rate is None:
         concurrency = 1
     endpoint = Endpoint(url, model=model, api=api, api_key=api_key, include_usage=include_usage,
                         force_output=force_output, timeout_s=timeout, extra_body=_extra_body(extra_body))
-    if timeout <= 0:
-        raise SpeedlimitError("--timeout must be > 0 seconds")
     workload = WorkloadPlan(parse_length_spec(prompt_tokens), output_tokens, dataset, seed)
     slo_bounds = parse_slo(slo)
     sweep_spec = parse_sweep(sweep) if sweep else None
+    if sweep_spec is None and concurrency is not None and rate is not None:
+        raise SpeedlimitError("give exactly one of --concurrency (closed loop) or --rate (open loop)")
     base_plan = LoadPlan(concurrency=concurrency if sweep_spec is None else 1,
                          rate=rate if sweep_spec is None else None, burstiness=burstiness, requests=requests,
                          duration_s=duration, warmup=warmup)
-    if sweep_spec is None and concurrency is not None and rate is not None:
-        raise SpeedlimitError("give exactly one of --concurrency (closed loop) or --rate (open loop)")
+    check_out_dir(out, force)
     stderr = Console(stderr=True)
     live = progress and stderr.is_terminal
+    tracker = (lambda label, total: LiveProgress(stderr, label, total)) if live else None
+    runner = BenchRunner(endpoint, workload, slo=slo_bounds, preflight=not skip_preflight, count_tokens=count_tokens,
+                         tokenizer_path=tokenizer, progress=tracker)
 
     async def main() -> RunSummary | SweepSummary:
-        tracker = (lambda label, total: LiveProgress(stderr, label, total)) if live else None
-        async with BenchRunner(endpoint, workload, slo=slo_bounds, preflight=not skip_preflight,
-                               count_tokens=count_tokens, progress=tracker) as runner:
-            if sweep_spec is not None:
-                return await runner.sweep(sweep_spec[0], sweep_spec[1], base_plan, out, knee_fraction)
-            return (await runner.run(base_plan, out)).summary
+        with runner.stop_on_signals():
+            async with runner:
+                prepare_out_dir(out, force)
+                if sweep_spec is not None:
+                    return await runner.sweep(sweep_spec[0], sweep_spec[1], base_plan, out, knee_fraction)
+                return (await runner.run(base_plan, out)).summary
 
-    summary = run_async(main())
+    try:
+        summary = run_async(main())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        where = f"; requests that finished are in {out / 'requests.jsonl'}" if out is not None else ""
+        stderr.print(f"interrupted ({runner.interrupted or 'SIGINT'}) before a summary was written{where}",
+                     highlight=False, soft_wrap=True)
+        raise typer.Exit(code=130) from None
     runs = summary.points if isinstance(summary, SweepSummary) else [summary]
     comparison_error = None
     if compare_estimate:
@@ -121,6 +143,10 @@ def bench_command(
         sys.stdout.write(json.dumps(summary.to_dict(), indent=2) + "\n")
     else:
         print_summary(Console(), summary)
+    print_warnings(stderr, summary)
+    if runner.interrupted is not None:
+        print_interrupted(stderr, summary, out)
+        raise typer.Exit(code=130)
     if comparison_error is not None:
         raise comparison_error
     failed = sum(point.failed for point in runs)

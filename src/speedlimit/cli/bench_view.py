@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -48,8 +50,8 @@ def summary_table(summary: RunSummary, title: str = "speedlimit bench") -> Table
     table.add_column("latency (ms)")
     for column in ("mean", "p50", "p90", "p95", "p99"):
         table.add_column(column, justify="right")
-    rows = (("TTFT", summary.ttft_s), ("ITL (per chunk)", summary.itl_s), ("TPOT (per token)", summary.tpot_s),
-            ("E2E", summary.e2e_s))
+    rows = (("TTFT", summary.ttft_s), ("ITL per chunk", summary.itl_s), ("ITL per token", summary.itl_token_s),
+            ("TPOT (per token)", summary.tpot_s), ("E2E", summary.e2e_s))
     for label, stats in rows:
         table.add_row(label, *(_ms(getattr(stats, c)) for c in ("mean", "p50", "p90", "p95", "p99")))
     return table
@@ -61,8 +63,11 @@ def totals_table(summary: RunSummary) -> Table:
     table.add_column(justify="right")
     errors = ", ".join(f"{kind} {count}" for kind, count in summary.errors.items()) or "none"
     slo = ", ".join(f"{key} ≤ {bound * 1e3:g} ms" for key, bound in summary.slo.items())
+    sent = f"{summary.completed} completed / {summary.requests} sent"
+    if summary.cancelled:
+        sent += f" ({summary.cancelled} cancelled by {summary.interrupted or 'an interruption'})"
     rows = [
-        ("requests", f"{summary.completed} completed / {summary.requests} sent"),
+        ("requests", sent),
         ("errors", errors),
         ("duration", f"{summary.duration_s:.2f} s"),
         ("requests/s", f"{summary.request_s:.3f}"),
@@ -112,3 +117,28 @@ def print_summary(console: Console, summary: RunSummary | SweepSummary) -> None:
     console.print(totals_table(summary))
     if summary.estimate is not None:
         console.print(estimate_table(summary.estimate))
+
+
+def print_warnings(console: Console, summary: RunSummary | SweepSummary) -> None:
+    """Each distinct warning of the run (or of the sweep's points) once, loudly, on `console` (stderr)."""
+    points = summary.points if isinstance(summary, SweepSummary) else [summary]
+    seen: list[str] = []
+    for point in points:
+        seen.extend(w for w in point.warnings if w not in seen)
+    for warning in seen:
+        console.print(Text("warning: ", style="bold yellow") + Text(warning), soft_wrap=True)
+
+
+def print_interrupted(console: Console, summary: RunSummary | SweepSummary, out: Path | None) -> None:
+    """Where an interrupted run stands and where its results are."""
+    points = summary.points if isinstance(summary, SweepSummary) else [summary]
+    finished = sum(p.requests - p.cancelled for p in points)
+    cancelled = sum(p.cancelled for p in points)
+    signal = summary.interrupted or "a signal"
+    what = f"{finished} request(s) finished, {cancelled} in flight recorded as cancelled"
+    if isinstance(summary, SweepSummary):
+        levels = ", ".join(f"{p.sweep_value:g}" + (" (partial)" if p.interrupted else "") for p in points)
+        what += f"; {summary.sweep.parameter} levels run: {levels or 'none'} of {len(summary.sweep.values)}"
+    where = (f"summary and requests written to {out}/" if out is not None
+             else "nothing written (no --out)")
+    console.print(Text(f"interrupted by {signal}: {what}; {where}"), soft_wrap=True)
