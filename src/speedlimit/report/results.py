@@ -86,7 +86,7 @@ class _SummaryRow:
     pooled column): a few dozen bytes instead of a pydantic object per request."""
 
     __slots__ = ("ok", "error_kind", "ttft_s", "e2e_s", "tpot_s", "output_tokens", "prompt_tokens",
-                 "token_count_source", "prompt_token_source", "retries", "itl_s")
+                 "token_count_source", "prompt_token_source", "retries", "itl_s", "output_chunks")
 
     def __init__(self, record: RequestRecord) -> None:
         self.ok = record.ok
@@ -96,6 +96,7 @@ class _SummaryRow:
         self.token_count_source = sys.intern(record.token_count_source)
         self.prompt_token_source = sys.intern(record.prompt_token_source)
         self.retries = record.retries
+        self.output_chunks = record.output_chunks
         self.itl_s: tuple[float, ...] = ()
 
 
