@@ -439,7 +439,13 @@ def print_quantity_report(records: list[dict], why_none: dict[str, str]) -> None
         for mode in MODES:
             pairs = [(r[mode], r["measured"]) for r in chosen if r[mode] is not None]
             if not pairs:
-                print(f"  {mode + ': n/a':42}  ({why_none.get(mode) or why_none.get(what) or 'this mode does not model these rows'})")
+                if mode == "llm-analysis" and why_none.get(mode):
+                    why = why_none[mode]
+                elif mode == "llm-analysis" and what not in ("decode", "prefill"):
+                    why = "llm-analysis is used for decode and prefill rows only"
+                else:
+                    why = why_none.get(what) or "this mode does not model these rows"
+                print(f"  {mode + ': n/a':42}  ({why})")
                 continue
             groups = [("all", chosen)] + [(f"fold {f}{' (held out)' if f == 'B' else ' (fit fold)'}", [r for r in chosen if r["fold"] == f]) for f in ("A", "B")]
             groups += [(f"kind {k}", [r for r in chosen if r["kind"] == k]) for k in sorted({r["kind"] for r in chosen})]
