@@ -16,7 +16,13 @@ from speedlimit.precision import parse_precision
 
 ACCURACY_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"
 CSV_PATH = ACCURACY_DIR / "measurements.csv"
-COLUMNS = ["device", "model", "weights", "engine", "prompt_tokens", "output_tokens", "decode_tok_s", "model_file_bytes", "source", "notes", "device_share"]
+COLUMNS = [
+    "device", "model", "weights", "engine", "quantity", "fold", "prompt_tokens", "output_tokens", "concurrency", "tp",
+    "decode_tok_s", "prefill_tok_s", "throughput_tok_s", "ttft_ms", "tpot_ms", "model_file_bytes", "metric", "source", "notes", "device_share",
+]  # fmt: skip
+# The measured figure(s) each quantity must carry; a serving row needs at least one of its three.
+FIGURES = {"decode": ("decode_tok_s",), "prefill": ("prefill_tok_s",), "serving": ("throughput_tok_s", "ttft_ms", "tpot_ms")}
+XIONGJIEDAI = "github.com/XiongjieDai/GPU-Benchmarks-on-LLM-Inference"
 
 
 def _records() -> list[dict[str, str]]:
@@ -38,6 +44,8 @@ def test_csv_has_the_documented_columns_and_enough_rows():
         header = next(csv.reader(handle))
     assert header == COLUMNS
     assert len(_records()) >= 30
+    quantities = {record["quantity"] for record in _records()}
+    assert quantities <= set(FIGURES) and {"decode", "prefill"} <= quantities
 
 
 @pytest.mark.parametrize("record", _records(), ids=lambda r: f"{r['device']}-{r['model']}-{r['weights']}-{r['engine']}")
@@ -45,8 +53,25 @@ def test_every_row_is_well_formed(record):
     assert resolve_hardware(record["device"]).memory_bandwidth_Bps > 0
     assert resolve_model(record["model"]).total_params > 0
     assert parse_precision(record["weights"]).bits > 0
-    speed = float(record["decode_tok_s"])
-    assert math.isfinite(speed) and speed > 0
+    assert record["quantity"] in FIGURES
+    given = [name for name in FIGURES[record["quantity"]] if record[name]]
+    assert given, f"a {record['quantity']} row needs {' or '.join(FIGURES[record['quantity']])}"
+    for name in ("decode_tok_s", "prefill_tok_s", "throughput_tok_s", "ttft_ms", "tpot_ms"):
+        if record[name]:
+            value = float(record[name])
+            assert math.isfinite(value) and value > 0, name
+            assert name in FIGURES[record["quantity"]], f"{name} on a {record['quantity']} row"
+    # folds are fixed by source (SOURCES.md): fold A is the XiongjieDai repository, everything else fold B
+    assert record["fold"] == ("A" if XIONGJIEDAI in record["source"] else "B")
+    assert record["metric"]
+    concurrency, tp = int(record["concurrency"] or 1), int(record["tp"] or 1)
+    assert concurrency >= 1 and tp >= 1
+    if record["quantity"] == "serving":
+        assert concurrency > 1 and record["concurrency"] and record["tp"] and record["prompt_tokens"]
+    else:
+        assert concurrency == 1
+    if record["quantity"] == "prefill":
+        assert int(record["prompt_tokens"]) > 0
     url = urlparse(record["source"])
     assert url.scheme == "https" and url.netloc, record["source"]
     assert record["engine"] and record["notes"]
@@ -57,6 +82,37 @@ def test_every_row_is_well_formed(record):
         bits = 8 * int(record["model_file_bytes"]) / resolve_model(record["model"]).total_params
         assert 2.0 < bits < 17.0  # a real file's bits per parameter is within the range of the formats used
     assert 0 < float(record["device_share"]) <= 1
+
+
+def test_xiongjiedai_llama2_rows_carry_their_notebook_run_lengths(score):
+    """Issue 13: those rows ran -n 1024 --ignore-eos on a 494-token prompt (M1 Max, Aug 2023: 265 / 512), README pinned."""
+    rows = [r for r in score.load_rows(CSV_PATH) if "LLaMA 2" in r.notes and XIONGJIEDAI in r.source and r.quantity == "decode"]
+    assert len(rows) == 23
+    for row in rows:
+        assert (row.prompt_tokens, row.output_tokens) == ((265, 512) if row.device == "apple-m1-max" else (494, 1024))
+        assert "/blob/eafac9d26ac593f8e7dd353415dddf0c19de84b2/README.md" in row.source
+
+
+def test_end_to_end_rows_are_kept_out_of_the_decode_median(score):
+    rows = score.load_rows(CSV_PATH)
+    e2e = [r for r in rows if r.e2e]
+    assert e2e and all("llmfit" in r.source for r in e2e)
+    assert not set(map(id, e2e)) & set(map(id, score.decode_rows(rows)))
+
+
+def test_other_quantities_are_scored(score):
+    rows = score.load_rows(CSV_PATH)
+    prefill = next(r for r in rows if r.quantity == "prefill")
+    assert score.predict_prefill_tok_s(prefill) > 0
+    assert score.predict_prefill_tok_s(prefill, ideal=True) > score.predict_prefill_tok_s(prefill)
+    records = score.score_other_quantities(rows, with_llm_analysis=False)
+    assert {"prefill", "decode, E2E-derived"} <= {r["what"] for r in records}
+    for record in records:
+        assert record["measured"] > 0 and record["fold"] in ("A", "B")
+    serving = [r for r in rows if r.quantity == "serving"]
+    if serving:
+        predicted = score.predict_serving(serving[0])
+        assert predicted["throughput_tok_s"] > 0 and predicted["tpot_ms"] > 0
 
 
 def test_scoring_runs_on_a_few_rows(score):
@@ -96,3 +152,5 @@ def test_shipped_fitted_kernel_cost_is_the_fold_a_fit(score, capsys):
     assert score.main(["--quiet"]) == 0
     out = capsys.readouterr().out
     assert "held-out fold B" in out and "MISMATCH" not in out
+    for quantity in ("decode:", "prefill:", "serving throughput:", "TPOT under load:", "TTFT under load:"):
+        assert quantity in out
