@@ -141,6 +141,8 @@ class RequestRecord(BaseModel):
     prefill_s: float | None = None
     decode_s: float | None = None
     preemptions: int = 0
+    # bench --workers/--ray: the worker (0-based) that sent it; start_ns/end_ns are already on the run's clock
+    worker: int | None = None
     # kept in memory for recounting tokens; never written
     output_text: str = Field(default="", exclude=True)
 
@@ -223,6 +225,38 @@ class LoadInfo(BaseModel):
     requests: int | None = None
     duration_s: float | None = None
     warmup: int = 0
+    trace: str | None = None  # bench --trace: the replayed trace file (arrivals at its recorded times)
+    time_scale: float | None = None  # bench --time-scale: recorded gaps multiplied by this
+
+
+class WorkerInfo(BaseModel):
+    """One load-generating worker of a `bench --workers/--ray` run, and how its clock was mapped onto the run's."""
+
+    worker: int
+    host: str = ""
+    pid: int = 0
+    requests: int = 0
+    concurrency: int | None = None  # closed loop: the slots it ran
+    clock_offset_ms: float = 0.0  # its monotonic clock minus the parent's (subtracted from its timestamps)
+    clock_uncertainty_ms: float = 0.0  # half the shortest ping's round trip: the offset is known to ± this
+    clock_drift_ms: float | None = None  # the offset measured after the run minus before it
+    start_lag_ms: float | None = None  # when it actually started minus the common start (run clock)
+    cpu_s: float | None = None  # CPU seconds the worker process used during the run
+
+
+class WorkersInfo(BaseModel):
+    """How a `bench --workers N` (processes on this machine) or `--ray` (Ray actors) run was spread, and the clock
+    skew measured between its workers (offsets are corrected; what remains is the uncertainty and the drift)."""
+
+    mode: Literal["processes", "ray"]
+    count: int
+    address: str | None = None  # --ray ADDRESS (None: a local Ray instance)
+    max_clock_offset_ms: float = 0.0
+    max_clock_uncertainty_ms: float = 0.0
+    max_clock_drift_ms: float | None = None
+    start_spread_ms: float | None = None  # latest minus earliest actual worker start, on the run clock
+    cpu_s: float | None = None  # all workers together
+    workers: list[WorkerInfo] = Field(default_factory=list)
 
 
 class Comparison(BaseModel):
@@ -282,6 +316,7 @@ class RunSummary(Artifact):
     sweep_value: float | None = None  # the load level of this run within a sweep
     interrupted: str | None = None  # the signal (SIGINT, SIGTERM) that stopped the run early; None when it ran out
     warnings: list[str] = Field(default_factory=list)  # what a reader of these numbers must know (token counts...)
+    workers: WorkersInfo | None = None  # bench --workers/--ray: the workers and the clock skew measured between them
 
     @property
     def decode_tok_s_per_user(self) -> float | None:

@@ -21,7 +21,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Sequence
 
 from speedlimit.bench.client import Endpoint, check_server, make_session, raise_open_file_limit, send_request
 from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary, write_records
@@ -256,8 +256,10 @@ def _cycled(specs: list[RequestSpec], n: int) -> RequestSpec:
 
 
 async def run_closed_loop(sender: _Sender, specs: list[RequestSpec], n_requests: int, concurrency: int,
-                          deadline_ns: int | None) -> list[RequestRecord]:
-    cursor = iter(range(n_requests))
+                          deadline_ns: int | None, indices: Iterable[int] | None = None) -> list[RequestRecord]:
+    """`concurrency` loops share one cursor over request indices (all of range(n_requests), or `indices`: one
+    worker's share of a --workers run)."""
+    cursor = iter(range(n_requests) if indices is None else indices)
 
     async def worker() -> None:
         for n in cursor:
@@ -270,10 +272,12 @@ async def run_closed_loop(sender: _Sender, specs: list[RequestSpec], n_requests:
 
 
 async def run_open_loop(sender: _Sender, specs: list[RequestSpec], offsets_s: list[float],
-                        deadline_ns: int | None) -> list[RequestRecord]:
-    start_ns = time.perf_counter_ns()
+                        deadline_ns: int | None, start_ns: int | None = None,
+                        indices: Sequence[int] | None = None) -> list[RequestRecord]:
+    """Request `indices[k]` (default k) leaves at `start_ns` (default now) + `offsets_s[k]`."""
+    start_ns = time.perf_counter_ns() if start_ns is None else start_ns
     tasks = []
-    for n, offset_s in enumerate(offsets_s):
+    for n, offset_s in zip(range(len(offsets_s)) if indices is None else indices, offsets_s):
         send_ns = start_ns + int(offset_s * 1e9)
         if deadline_ns is not None and send_ns >= deadline_ns:
             break
@@ -312,8 +316,9 @@ class BenchRunner:
 
     def __init__(self, endpoint: Endpoint, workload: WorkloadPlan, *, slo: dict[str, float] | None = None,
                  preflight: bool = True, count_tokens: bool = True, tokenizer_path: Path | None = None,
-                 progress: Callable[[str, int | None], Any] | None = None) -> None:
+                 progress: Callable[[str, int | None], Any] | None = None, scale: Any = None) -> None:
         self.endpoint = endpoint
+        self.scale = scale  # bench.workers.ScaleOut: --workers/--ray (None: this process sends everything)
         self.workload = workload
         self.slo = slo or {}
         self.preflight = preflight
@@ -325,7 +330,7 @@ class BenchRunner:
         self.served_models: list[str] = []
         self.dataset = load_dataset(workload.dataset) if workload.dataset else None
         self.interrupted: str | None = None  # the signal that stopped this invocation
-        self._sender: _Sender | None = None
+        self._sender: Any = None  # what `stop` stops: the run's _Sender, or the ScaleOut of a --workers run
         self._running = 0  # > 0 inside run()/sweep(): a signal then stops the run instead of cancelling
 
     async def __aenter__(self) -> "BenchRunner":
@@ -338,14 +343,20 @@ class BenchRunner:
                 if self.tokenizer is None:
                     self.tokenizer = await probe_tokenizer(self.session, self.endpoint.root_url, self.endpoint.model,
                                                            self.endpoint.headers)
+            if self.scale is not None:
+                await self.scale.__aenter__()
         except BaseException:  # __aexit__ does not run when __aenter__ fails: close the session here
             await self.session.close()
             raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.session is not None:
-            await self.session.close()
+        try:
+            if self.scale is not None:
+                await self.scale.__aexit__(*exc)
+        finally:
+            if self.session is not None:
+                await self.session.close()
 
     # --- interruption -------------------------------------------------------------------------------------------
 
@@ -418,17 +429,22 @@ class BenchRunner:
             if tracker is not None:
                 tracker.advance(record)
 
-        sender = self._sender = _Sender(self.session, self.endpoint, on_record)
-        if self.interrupted is not None:
-            sender.stop()
+        offsets = (None if plan.concurrency is not None
+                   else arrival_offsets_s(n_requests, plan.rate, plan.burstiness, self.workload.seed))
+        workers_info = None
         start_ns = time.perf_counter_ns()
-        deadline_ns = start_ns + int(plan.duration_s * 1e9) if plan.duration_s else None
         try:
-            if plan.concurrency is not None:
-                records = await run_closed_loop(sender, specs, n_requests, plan.concurrency, deadline_ns)
+            if self.scale is not None:
+                records, workers_info = await self._run_on_workers(plan, specs, n_requests, offsets, on_record)
             else:
-                offsets = arrival_offsets_s(n_requests, plan.rate, plan.burstiness, self.workload.seed)
-                records = await run_open_loop(sender, specs, offsets, deadline_ns)
+                sender = self._sender = _Sender(self.session, self.endpoint, on_record)
+                if self.interrupted is not None:
+                    sender.stop()
+                deadline_ns = start_ns + int(plan.duration_s * 1e9) if plan.duration_s else None
+                if offsets is None:
+                    records = await run_closed_loop(sender, specs, n_requests, plan.concurrency, deadline_ns)
+                else:
+                    records = await run_open_loop(sender, specs, offsets, deadline_ns)
         finally:
             self._sender = None
             if tracker is not None:
@@ -443,10 +459,23 @@ class BenchRunner:
                 sink.rewrite(records)
         summary = summarize(records, duration_s, self.slo, source="bench", offered_load=LoadInfo(**plan.describe()),
                             endpoint=self.describe_endpoint(), interrupted=self.interrupted,
-                            warnings=run_warnings(records, self.workload.output_tokens, self.endpoint.force_output))
+                            warnings=run_warnings(records, self.workload.output_tokens, self.endpoint.force_output),
+                            workers=workers_info)
         if out_dir is not None:
             summary.save(out_dir / "summary.json")
         return RunResult(records, summary)
+
+    async def _run_on_workers(self, plan: LoadPlan, specs: list[RequestSpec], n_requests: int,
+                              offsets: list[float] | None, on_record: Callable[[RequestRecord], None]):
+        """The plan split over --workers/--ray (see bench.workers); records come back on this process's clock."""
+        from speedlimit.bench.workers import plan_jobs
+
+        jobs = plan_jobs(self.scale.pool.n, self.endpoint, specs, n_requests, concurrency=plan.concurrency,
+                         offsets_s=offsets, duration_s=plan.duration_s)
+        self._sender = self.scale
+        if self.interrupted is not None:
+            self.scale.stop()
+        return await self.scale.run(jobs, on_record)
 
     async def recount_output_tokens(self, records: list[RequestRecord]) -> bool:
         """Without server usage, count outputs with the model's tokenizer (local or the server's), after the timed

@@ -79,6 +79,12 @@ def bench_command(
     hardware: Optional[str] = typer.Option(None, help="Hardware catalog name for --compare-estimate."),
     estimate_model: Optional[str] = typer.Option(None, help="Catalog name or config.json/.gguf path for the "
                                                             "estimate (default: the served model name)."),
+    workers: Optional[int] = typer.Option(None, help="Processes sending the load (default 1): concurrency slots or "
+                                                     "arrivals of one seeded schedule are dealt out among them."),
+    ray: Optional[str] = typer.Option(None, "--ray", is_flag=False, flag_value="local", metavar="[ADDRESS]",
+                                      help="Send the load from --workers Ray actors (default 2): on the Ray cluster "
+                                           "at ADDRESS (e.g. ray://head:10001 or auto), or alone (--ray) on a local "
+                                           "Ray instance. Needs speedlimit[ray]."),
 ) -> None:
     """Load-test an OpenAI-compatible streaming server: TTFT, ITL, TPOT, E2E, throughput, goodput, errors."""
     # every input is checked here, before anything is created or sent
@@ -107,11 +113,14 @@ def bench_command(
                          rate=rate if sweep_spec is None else None, burstiness=burstiness, requests=requests,
                          duration_s=duration, warmup=warmup)
     check_out_dir(out, force)
+    from speedlimit.bench.workers import make_scale_out
+
+    scale = make_scale_out(workers, None if ray in (None, "local") else ray, use_ray=ray is not None)
     stderr = Console(stderr=True)
     live = progress and stderr.is_terminal
     tracker = (lambda label, total: LiveProgress(stderr, label, total)) if live else None
     runner = BenchRunner(endpoint, workload, slo=slo_bounds, preflight=not skip_preflight, count_tokens=count_tokens,
-                         tokenizer_path=tokenizer, progress=tracker)
+                         tokenizer_path=tokenizer, progress=tracker, scale=scale)
 
     async def main() -> RunSummary | SweepSummary:
         with runner.stop_on_signals():

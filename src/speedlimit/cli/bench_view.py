@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from speedlimit.artifacts import PredictionBlock, RequestRecord, RunSummary, SweepSummary
+from speedlimit.artifacts import PredictionBlock, RequestRecord, RunSummary, SweepSummary, WorkersInfo
 
 
 class LiveProgress:
@@ -77,11 +77,28 @@ def totals_table(summary: RunSummary) -> Table:
                                                                 else "  (no --slo: every completed request)")),
         ("token counts", f"output: {summary.token_count_source}, prompt: {summary.prompt_token_source}"),
     ]
+    if summary.workers is not None:
+        rows.append(("workers", workers_line(summary.workers)))
     if summary.retried:
         rows.insert(2, ("retried", f"{summary.retried} (failed before any response byte on a reused connection)"))
     for name, value in rows:
         table.add_row(name, Text(value))
     return table
+
+
+def workers_line(info: WorkersInfo) -> str:
+    """--workers/--ray: how many, and the clock skew measured between them (offsets are already corrected)."""
+    where = "processes" if info.mode == "processes" else f"Ray actors ({info.address or 'local Ray'})"
+    hosts = len({w.host for w in info.workers}) or 1
+    text = (f"{info.count} {where} on {hosts} host(s); clock skew {info.max_clock_offset_ms:.3f} ms "
+            f"(± {info.max_clock_uncertainty_ms:.3f} ms)")
+    if info.max_clock_drift_ms is not None:
+        text += f", drift {info.max_clock_drift_ms:.3f} ms"
+    if info.start_spread_ms is not None:
+        text += f", start spread {info.start_spread_ms:.3f} ms"
+    if info.cpu_s is not None:
+        text += f"; worker CPU {info.cpu_s:.2f} s"
+    return text
 
 
 def estimate_table(block: PredictionBlock) -> Table:
