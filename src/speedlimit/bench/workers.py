@@ -292,7 +292,7 @@ class RayLoadActor:
         return time.perf_counter_ns()
 
     async def run(self, job: WorkerJob, start_at_ns: int) -> dict[str, Any]:
-        return await self.worker.run(job, start_at_ns, self.buffer.append)
+        return await self.worker.run(job, start_at_ns, lambda record: self.buffer.append(record))
 
     async def drain(self) -> list[RequestRecord]:
         records, self.buffer = self.buffer, []
