@@ -27,7 +27,8 @@ from speedlimit.bench.client import Endpoint, check_server, make_session, raise_
 from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary, write_records
 from speedlimit.bench.metrics import find_knee, run_warnings, summarize
 from speedlimit.bench.tokenizer import LocalTokenizer, ServerTokenizer, load_local_tokenizer, probe_tokenizer
-from speedlimit.bench.workload import LengthSpec, RequestSpec, arrival_offsets_s, build_requests, load_dataset
+from speedlimit.bench.workload import (LengthSpec, RequestSpec, arrival_offsets_s, build_requests, load_dataset,
+                                      load_trace, trace_offsets_s)
 from speedlimit.errors import SpeedlimitError
 
 #: Prompt pool size for --duration runs, where the request count is not known in advance (prompts then cycle).
@@ -115,10 +116,19 @@ class WorkloadPlan:
     output_tokens: int = 64
     dataset: Path | None = None
     seed: int = 0
+    prefix_tokens: int = 0  # --prefix-tokens: one shared prefix on every prompt
+    trace: Path | None = None  # --trace: replay a trace's arrivals and lengths
+    time_scale: float = 1.0  # --time-scale: the trace's recorded gaps times this
 
     def __post_init__(self) -> None:
         if not 1 <= self.output_tokens <= MAX_TOKENS:
             raise SpeedlimitError(f"--output-tokens must be between 1 and {MAX_TOKENS:,}")
+        if not 0 <= self.prefix_tokens <= MAX_TOKENS:
+            raise SpeedlimitError(f"--prefix-tokens must be between 0 and {MAX_TOKENS:,}")
+        if not 0 < self.time_scale < math.inf:
+            raise SpeedlimitError("--time-scale must be a finite number > 0")
+        if self.trace is not None and self.dataset is not None:
+            raise SpeedlimitError("give --trace or --dataset, not both")
         spec = self.prompt_tokens
         largest = spec.b if spec.kind == "uniform" else spec.a + 4 * spec.b if spec.kind == "normal" else spec.a
         if largest > MAX_TOKENS:
@@ -329,6 +339,10 @@ class BenchRunner:
             load_local_tokenizer(tokenizer_path) if tokenizer_path is not None else None)
         self.served_models: list[str] = []
         self.dataset = load_dataset(workload.dataset) if workload.dataset else None
+        self.trace = load_trace(workload.trace) if workload.trace else None
+        if self.trace is not None and sum(r.prompt_tokens for r in self.trace) > PROMPT_TOKEN_BUDGET:
+            raise SpeedlimitError(f"--trace {workload.trace} asks for more than {PROMPT_TOKEN_BUDGET:,} prompt tokens "
+                                  "in all: replay part of it (--requests N)")
         self.interrupted: str | None = None  # the signal that stopped this invocation
         self._sender: Any = None  # what `stop` stops: the run's _Sender, or the ScaleOut of a --workers run
         self._running = 0  # > 0 inside run()/sweep(): a signal then stops the run instead of cancelling
@@ -400,7 +414,8 @@ class BenchRunner:
     async def specs(self, n: int, salt: int = 0) -> list[RequestSpec]:
         return await build_requests(n, prompt_spec=self.workload.prompt_tokens,
                                     output_tokens=self.workload.output_tokens, seed=self.workload.seed + salt,
-                                    tokenizer=self.tokenizer, dataset=self.dataset)
+                                    tokenizer=self.tokenizer, dataset=self.dataset,
+                                    prefix_tokens=self.workload.prefix_tokens, trace=self.trace)
 
     async def run(self, plan: LoadPlan, out_dir: Path | None = None, label: str = "bench") -> RunResult:
         """Warm up, run the plan, recount tokens, summarize; writes out_dir/requests.jsonl and summary.json."""
@@ -413,7 +428,11 @@ class BenchRunner:
 
     async def _run(self, plan: LoadPlan, out_dir: Path | None, label: str) -> RunResult:
         n_requests = plan.request_count
-        specs = await self.specs(plan.pool_size(self.workload.prompt_tokens.mean))
+        if self.trace is not None:  # every request its own recorded lengths: no pool, no cycling
+            n_requests = len(self.trace) if plan.requests is None else min(plan.requests, len(self.trace))
+            specs = await self.specs(n_requests)
+        else:
+            specs = await self.specs(plan.pool_size(self.workload.prompt_tokens.mean))
         if plan.warmup and self.interrupted is None:
             warm = await self.specs(min(plan.warmup, MAX_PROMPT_POOL), salt=10**6)
             self._sender = _Sender(self.session, self.endpoint, lambda r: None)
@@ -429,8 +448,12 @@ class BenchRunner:
             if tracker is not None:
                 tracker.advance(record)
 
-        offsets = (None if plan.concurrency is not None
-                   else arrival_offsets_s(n_requests, plan.rate, plan.burstiness, self.workload.seed))
+        if self.trace is not None:
+            offsets = trace_offsets_s(self.trace[:n_requests], self.workload.time_scale)
+        elif plan.concurrency is None:
+            offsets = arrival_offsets_s(n_requests, plan.rate, plan.burstiness, self.workload.seed)
+        else:
+            offsets = None
         workers_info = None
         start_ns = time.perf_counter_ns()
         try:
@@ -457,7 +480,11 @@ class BenchRunner:
         if self.interrupted is None or isinstance(self.tokenizer, LocalTokenizer):
             if await self.recount_output_tokens(records):
                 sink.rewrite(records)
-        summary = summarize(records, duration_s, self.slo, source="bench", offered_load=LoadInfo(**plan.describe()),
+        load = LoadInfo(**plan.describe())
+        if self.trace is not None:
+            load = load.model_copy(update={"concurrency": None, "rate": None, "trace": str(self.workload.trace),
+                                           "time_scale": self.workload.time_scale, "requests": n_requests})
+        summary = summarize(records, duration_s, self.slo, source="bench", offered_load=load,
                             endpoint=self.describe_endpoint(), interrupted=self.interrupted,
                             warnings=run_warnings(records, self.workload.output_tokens, self.endpoint.force_output),
                             workers=workers_info)
@@ -505,7 +532,9 @@ class BenchRunner:
                 "workload": {"prompt_tokens": vars(self.workload.prompt_tokens),
                              "output_tokens": self.workload.output_tokens,
                              "dataset": str(self.workload.dataset) if self.workload.dataset else None,
-                             "seed": self.workload.seed}}
+                             "seed": self.workload.seed, "prefix_tokens": self.workload.prefix_tokens,
+                             "trace": str(self.workload.trace) if self.workload.trace else None,
+                             "time_scale": self.workload.time_scale}}
 
     async def sweep(self, parameter: str, values: list[float], base: LoadPlan, out_dir: Path | None,
                     knee_fraction: float = 0.9) -> SweepSummary:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,25 +93,123 @@ def synthetic_text(n_words: int, rng: np.random.Generator) -> str:
     return " ".join(WORDS[i] for i in picks)
 
 
-def load_dataset(path: Path) -> list[dict[str, Any]]:
-    """JSONL rows with `prompt` (or `text`) or `messages`, optional `output_tokens`/`max_tokens`."""
+def _jsonl(path: Path, what: str) -> list[tuple[int, Any]]:
+    """(line number, parsed JSON) of every non-blank line; one-line errors for a missing file or a bad line."""
     if not path.is_file():
-        raise SpeedlimitError(f"dataset {path} does not exist")
+        raise SpeedlimitError(f"{what} {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise SpeedlimitError(f"cannot read {what} {path} ({error})") from None
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            rows.append((number, json.loads(line)))
         except ValueError:
             raise SpeedlimitError(f"{path}:{number} is not JSON") from None
+    return rows
+
+
+def expand_conversation(turns: Any, where: str, output_tokens: Any = None, conversation: int = 0
+                        ) -> list[dict[str, Any]]:
+    """A multi-turn conversation -> one dataset row per user turn, whose `messages` are every earlier turn and
+    reply (the replies recorded in the dataset) plus this turn: turn k's prompt is a prefix of turn k+1's, as in a
+    chat session, so prefix caching can be measured. `output_tokens` on a user turn (or the row) sets its reply's
+    length."""
+    if not isinstance(turns, list) or not turns:
+        raise SpeedlimitError(f"{where}: 'conversation' must be a non-empty list of {{'role', 'content'}} turns")
+    rows, history = [], []
+    for k, turn in enumerate(turns):
+        if (not isinstance(turn, dict) or turn.get("role") not in ("system", "user", "assistant")
+                or not isinstance(turn.get("content"), str)):
+            raise SpeedlimitError(f"{where}: conversation turn {k} needs a 'role' (system, user or assistant) and a "
+                                  "string 'content'")
+        history.append({"role": turn["role"], "content": turn["content"]})
+        if turn["role"] == "user":
+            rows.append({"messages": list(history), "output_tokens": turn.get("output_tokens") or output_tokens,
+                         "_conversation": conversation, "_turn": len(rows)})
+    if not rows:
+        raise SpeedlimitError(f"{where}: the conversation has no user turn")
+    return rows
+
+
+def load_dataset(path: Path) -> list[dict[str, Any]]:
+    """JSONL rows with `prompt` (or `text`), `messages` (one request), or `conversation` (a multi-turn chat: one
+    request per user turn, see `expand_conversation`); optional `output_tokens`/`max_tokens`."""
+    rows = []
+    for number, row in _jsonl(path, "dataset"):
+        if isinstance(row, dict) and "conversation" in row:
+            rows.extend(expand_conversation(row["conversation"], f"{path}:{number}",
+                                            row.get("output_tokens") or row.get("max_tokens"), number))
+            continue
         if not isinstance(row, dict) or not (isinstance(row.get("prompt") or row.get("text"), str)
                                              or isinstance(row.get("messages"), list)):
-            raise SpeedlimitError(f"{path}:{number} needs a string 'prompt' (or 'text') or a 'messages' list")
+            raise SpeedlimitError(f"{path}:{number} needs a string 'prompt' (or 'text'), a 'messages' list or a "
+                                  "'conversation' list")
         rows.append(row)
+    for row in rows:
+        value = row.get("output_tokens") or row.get("max_tokens")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise SpeedlimitError(f"{path}: output_tokens/max_tokens must be whole numbers >= 1 (got {value!r})")
     if not rows:
         raise SpeedlimitError(f"dataset {path} has no prompts")
     return rows
+
+
+@dataclass
+class TraceRow:
+    """One request of a recorded trace: when it arrived (s from the trace's start) and its lengths in tokens."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+#: Accepted spellings in a trace row. `timestamp` is in milliseconds (as in the Mooncake traces).
+TRACE_KEYS = {"arrival": ("arrival_s", "timestamp"), "prompt": ("prompt_tokens", "input_length"),
+              "output": ("output_tokens", "output_length")}
+
+
+def load_trace(path: Path) -> list[TraceRow]:
+    """A JSONL trace, one request a line: {"arrival_s": 0.5, "prompt_tokens": 512, "output_tokens": 128} (or
+    Mooncake's {"timestamp": ms, "input_length", "output_length"}); sorted by arrival, times from the first one."""
+    rows = []
+    for number, row in _jsonl(path, "trace"):
+        where = f"{path}:{number}"
+        if not isinstance(row, dict):
+            raise SpeedlimitError(f"{where} is not a JSON object")
+        found = {}
+        for name, keys in TRACE_KEYS.items():
+            key = next((k for k in keys if k in row), None)
+            if key is None:
+                raise SpeedlimitError(f"{where} needs {' or '.join(repr(k) for k in keys)}")
+            value = row[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise SpeedlimitError(f"{where}: {key!r} must be a number (got {value!r})")
+            if name == "arrival":
+                if value < 0:
+                    raise SpeedlimitError(f"{where}: {key!r} must be >= 0 (got {value!r})")
+                found[name] = value / 1000 if key == "timestamp" else float(value)
+            else:
+                if value != int(value) or not 1 <= value <= 2**20:
+                    raise SpeedlimitError(f"{where}: {key!r} must be a whole number of tokens between 1 and "
+                                          f"{2**20:,} (got {value!r})")
+                found[name] = int(value)
+        rows.append(TraceRow(found["arrival"], found["prompt"], found["output"]))
+    if not rows:
+        raise SpeedlimitError(f"trace {path} has no requests")
+    rows.sort(key=lambda r: r.arrival_s)
+    first = rows[0].arrival_s
+    return [TraceRow(r.arrival_s - first, r.prompt_tokens, r.output_tokens) for r in rows]
+
+
+def trace_offsets_s(rows: list[TraceRow], time_scale: float = 1.0) -> list[float]:
+    """Send times of a replayed trace: its recorded arrivals times `time_scale` (2 = half the rate, 0.5 = double)."""
+    if not 0 < time_scale < math.inf:
+        raise SpeedlimitError("--time-scale must be a finite number > 0")
+    return [row.arrival_s * time_scale for row in rows]
 
 
 def arrival_offsets_s(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
@@ -152,15 +251,31 @@ async def fit_prompt(tokenizer, target: int, rng: np.random.Generator) -> tuple[
     return best
 
 
+def _dataset_order(dataset: list[dict[str, Any]], rng: np.random.Generator) -> list[int]:
+    """Row order for a run: rows shuffled, except that a conversation's turns stay together and in order."""
+    groups: list[list[int]] = []
+    for i, row in enumerate(dataset):
+        key = row.get("_conversation")
+        if key is not None and groups and dataset[groups[-1][0]].get("_conversation") == key:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return [i for g in rng.permutation(len(groups)) for i in groups[int(g)]]
+
+
 async def build_requests(n: int, *, prompt_spec: LengthSpec, output_tokens: int, seed: int, tokenizer=None,
-                         dataset: list[dict[str, Any]] | None = None, parallel: int = 8) -> list[RequestSpec]:
-    """`n` request specs, deterministic for a seed: dataset rows (shuffled, cycled) or synthetic prompts."""
+                         dataset: list[dict[str, Any]] | None = None, parallel: int = 8, prefix_tokens: int = 0,
+                         trace: list[TraceRow] | None = None) -> list[RequestSpec]:
+    """`n` request specs, deterministic for a seed: dataset rows (shuffled, a conversation's turns kept in order,
+    cycled), synthetic prompts, or synthetic prompts of a trace's lengths (row i for request i). `prefix_tokens`:
+    the same synthetic text of that many tokens starts every prompt (a system message for chat rows), so a
+    server's prefix cache can hit."""
     if output_tokens < 1:
         raise SpeedlimitError("--output-tokens must be >= 1")
     rng = np.random.default_rng([seed, 0])
     specs: list[RequestSpec] = []
     if dataset is not None:
-        order = rng.permutation(len(dataset))
+        order = _dataset_order(dataset, rng)
         for i in range(n):
             row = dataset[int(order[i % len(dataset)])]
             max_tokens = int(row.get("output_tokens") or row.get("max_tokens") or output_tokens)
@@ -169,6 +284,10 @@ async def build_requests(n: int, *, prompt_spec: LengthSpec, output_tokens: int,
             if messages and not prompt:
                 prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
             specs.append(RequestSpec(i, prompt, max_tokens, messages=messages))
+    elif trace is not None:
+        for i in range(n):
+            row = trace[i % len(trace)]
+            specs.append(RequestSpec(i, "", row.output_tokens, prompt_tokens=row.prompt_tokens))
     else:
         lengths = prompt_spec.sample(n, rng)
         for i, length in enumerate(lengths):
@@ -193,4 +312,23 @@ async def build_requests(n: int, *, prompt_spec: LengthSpec, output_tokens: int,
                 spec.prompt_token_source = "words"
 
     await asyncio.gather(*(complete(spec) for spec in specs))
+    if prefix_tokens > 0:
+        await add_shared_prefix(specs, prefix_tokens, seed, tokenizer)
     return specs
+
+
+async def add_shared_prefix(specs: list[RequestSpec], prefix_tokens: int, seed: int, tokenizer=None) -> str:
+    """Start every prompt with the same seeded text of `prefix_tokens` tokens (exact with a tokenizer, else words);
+    chat rows get it as a leading system message. Prompt token counts grow by the prefix's."""
+    rng = np.random.default_rng([seed, 3])
+    if tokenizer is not None:
+        prefix, count = await fit_prompt(tokenizer, prefix_tokens, rng)
+    else:
+        prefix, count = synthetic_text(prefix_tokens, rng), prefix_tokens
+    for spec in specs:
+        spec.prompt = prefix + "\n" + spec.prompt
+        if spec.messages:
+            spec.messages = [{"role": "system", "content": prefix}, *spec.messages]
+        if spec.prompt_tokens is not None:
+            spec.prompt_tokens += count
+    return prefix

@@ -48,7 +48,17 @@ def bench_command(
                                           show_default=False),
     prompt_tokens: str = typer.Option("128", help="Prompt length in tokens: N, uniform:LOW:HIGH or normal:MEAN:STD."),
     output_tokens: int = typer.Option(64, help="Output tokens per request (max_tokens; forced unless --no-force-output)."),
-    dataset: Optional[Path] = typer.Option(None, help="JSONL of prompts ({'prompt': ...} or {'messages': [...]})."),
+    dataset: Optional[Path] = typer.Option(None, help="JSONL of prompts ({'prompt': ...} or {'messages': [...]}), "
+                                                      "or multi-turn chats ({'conversation': [{'role', 'content'}, "
+                                                      "...]}: one request per user turn, with the turns before it)."),
+    prefix_tokens: int = typer.Option(0, help="A shared prefix of this many tokens on every prompt (exercises "
+                                              "prefix caching); added to --prompt-tokens."),
+    trace: Optional[Path] = typer.Option(None, help="Replay a JSONL trace: one request a line, sent at its "
+                                                    "recorded time ({'arrival_s', 'prompt_tokens', "
+                                                    "'output_tokens'}, or Mooncake's timestamp ms/input_length/"
+                                                    "output_length)."),
+    time_scale: float = typer.Option(1.0, help="--trace: multiply its recorded times by this (0.5 = twice the "
+                                               "rate)."),
     seed: int = typer.Option(0, help="Seed for prompts, lengths and arrival times."),
     concurrency: Optional[int] = typer.Option(None, help="Closed loop: this many requests in flight (default 1)."),
     rate: Optional[float] = typer.Option(None, help="Open loop: mean arrivals per second (inf = all at once)."),
@@ -100,11 +110,16 @@ def bench_command(
         raise SpeedlimitError("--timeout must be a finite number of seconds > 0")
     if not 0 < knee_fraction <= 1:
         raise SpeedlimitError("--knee-fraction must be in (0, 1]")
+    if trace is not None and (sweep is not None or concurrency is not None or rate is not None):
+        raise SpeedlimitError("--trace sets the arrivals: give no --concurrency, --rate or --sweep with it")
+    if trace is not None:
+        rate = math.inf  # a placeholder for LoadPlan (open loop); the trace's own times are used
     if sweep is None and concurrency is None and rate is None:
         concurrency = 1
     endpoint = Endpoint(url, model=model, api=api, api_key=api_key, include_usage=include_usage,
                         force_output=force_output, timeout_s=timeout, extra_body=_extra_body(extra_body))
-    workload = WorkloadPlan(parse_length_spec(prompt_tokens), output_tokens, dataset, seed)
+    workload = WorkloadPlan(parse_length_spec(prompt_tokens), output_tokens, dataset, seed, prefix_tokens, trace,
+                            time_scale)
     slo_bounds = parse_slo(slo)
     sweep_spec = parse_sweep(sweep) if sweep else None
     if sweep_spec is None and concurrency is not None and rate is not None:
@@ -121,6 +136,8 @@ def bench_command(
     tracker = (lambda label, total: LiveProgress(stderr, label, total)) if live else None
     runner = BenchRunner(endpoint, workload, slo=slo_bounds, preflight=not skip_preflight, count_tokens=count_tokens,
                          tokenizer_path=tokenizer, progress=tracker, scale=scale)
+    if runner.trace is not None and requests is None and duration is None:
+        base_plan.requests = len(runner.trace)  # the whole trace
 
     async def main() -> RunSummary | SweepSummary:
         with runner.stop_on_signals():
