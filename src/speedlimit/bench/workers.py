@@ -27,6 +27,7 @@ import os
 import resource
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -138,6 +139,25 @@ class LoadWorker:
 # --- processes --------------------------------------------------------------------------------------------------
 
 
+def _reader_thread(conn, loop: asyncio.AbstractEventLoop, handle: Callable[[tuple], None], on_eof: tuple) -> None:
+    """Receive on `conn` in a thread (blocking reads of whole messages; an event-loop reader would make the socket
+    non-blocking, and a large batch would then fail half-read) and hand each message to `handle` on `loop`."""
+    def receive() -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                message = on_eof
+            try:
+                loop.call_soon_threadsafe(handle, message)
+            except RuntimeError:  # the loop has closed
+                return
+            if message is on_eof:
+                return
+
+    threading.Thread(target=receive, daemon=True, name="speedlimit-bench-pipe").start()
+
+
 def _process_main(conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent relays it
     run_async(_process_loop(conn))
@@ -152,12 +172,7 @@ async def _process_loop(conn) -> None:
     batch: list[RequestRecord] = []
     wake = asyncio.Event()
 
-    def readable() -> None:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            loop.remove_reader(conn.fileno())
-            message = ("exit",)
+    def handle(message: tuple) -> None:
         if message[0] == "clock":  # answered at once, not behind the inbox
             conn.send(("clock", time.perf_counter_ns()))
         elif message[0] == "stop":
@@ -183,7 +198,7 @@ async def _process_loop(conn) -> None:
             conn.send(("records", batch[:]))
             batch.clear()
 
-    loop.add_reader(conn.fileno(), readable)
+    _reader_thread(conn, loop, handle, ("exit",))
     flusher = asyncio.create_task(flush_forever())
     try:
         while True:
@@ -201,8 +216,6 @@ async def _process_loop(conn) -> None:
             conn.send(("done", report))
     finally:
         flusher.cancel()
-        with contextlib.suppress(OSError):
-            loop.remove_reader(conn.fileno())
 
 
 class ProcessPool:
@@ -230,13 +243,10 @@ class ProcessPool:
             self.processes.append(process)
             self.conns.append(parent_end)
             self.replies.append(asyncio.Queue())
-            loop.add_reader(parent_end.fileno(), self._readable, w)
+            _reader_thread(parent_end, loop, lambda message, w=w: self._received(w, message), ("eof",))
 
-    def _readable(self, w: int) -> None:
-        try:
-            message = self.conns[w].recv()
-        except (EOFError, OSError):
-            asyncio.get_running_loop().remove_reader(self.conns[w].fileno())
+    def _received(self, w: int, message: tuple) -> None:
+        if message[0] == "eof":
             message = ("error", f"worker {w} exited (code {self.processes[w].exitcode})")
         if message[0] == "records":
             self.on_records(w, message[1])
@@ -265,10 +275,8 @@ class ProcessPool:
                 conn.send(("stop",))
 
     async def close(self) -> None:
-        loop = asyncio.get_running_loop()
         for conn in self.conns:
             with contextlib.suppress(OSError, ValueError):
-                loop.remove_reader(conn.fileno())
                 conn.send(("exit",))
         for process in self.processes:
             await asyncio.to_thread(process.join, 5)
