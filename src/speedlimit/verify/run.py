@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from speedlimit.architecture import Architecture
 from speedlimit.artifacts import Artifact
+from speedlimit.bundled import display_name
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.estimator.api import Estimate, cost_model, estimate
@@ -243,7 +244,7 @@ def load_model_info(path: Path) -> tuple[Architecture, ModelInfo]:
     arch = architecture_from_gguf(path)
     info = ModelInfo(
         path=str(path.resolve()),
-        name=arch.name,
+        name=display_name(path, arch.name),
         file_type=arch.weight_bytes.file_type if arch.weight_bytes else "",
         file_bytes=path.stat().st_size,
         weights_bytes=cost_model(arch, None, parse_precision("fp16"))[0].total_weight_bytes,
