@@ -108,6 +108,14 @@ class Scenario(BaseModel):
             raise ValueError("is empty: pass a catalog name (see `speedlimit models`), a config.json, a .gguf, or a size like 7B")
         return value
 
+    @field_validator("batch", "prompt", "output", "tp", "bandwidth", "flops", "memory", "bw_efficiency",
+                     "flops_efficiency", "step_overhead_s", "usd_per_hour", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # True is an int to Python, not a count or a rate to a user
+            raise ValueError(f"must be a number, got {value}")
+        return value
+
     @field_validator("bandwidth", "flops", "memory", mode="before")
     @classmethod
     def _quantity(cls, value: Any, info: Any) -> Any:

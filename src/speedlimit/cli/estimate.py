@@ -61,6 +61,8 @@ def estimate_command(
 ) -> None:
     """Predict TTFT, inter-token latency, tok/s, throughput and memory for one configuration."""
     scenario = scenario_from(**inputs)
+    if plot is not None:
+        _check_writable(plot, "the plot")
     result = estimate_scenario(scenario)
     if result.fits is False and not (allow_no_fit or scenario.ideal):  # ideal is the seed formula: no memory model
         raise SpeedlimitError(_does_not_fit(result))
@@ -172,7 +174,7 @@ def sweep_command(
     batches, contexts = _parse_list(batch, "batch"), _parse_list(context, "context")
     check_grid_size(model, hardware, weight_list, batches, contexts)
     if out is not None:
-        _check_writable(out)
+        _check_writable(out, "the sweep")
     result = sweep_grid(model, hardware, weight_list, batches, contexts, **inputs)
     write = result.write_json if fmt == "json" else result.write_csv
     if out is None:
@@ -186,12 +188,12 @@ def sweep_command(
     console.print(f"{len(result):,} configurations written to {escape(str(out))}", highlight=False)
 
 
-def _check_writable(path: Path) -> None:
-    """Fail before the work when ``--out`` cannot be a file: a directory, or in a directory that does not exist."""
+def _check_writable(path: Path, what: str) -> None:
+    """Fail before the work when ``path`` cannot be a file: a directory, or in a directory that does not exist."""
     if path.is_dir():
-        raise write_error(path, IsADirectoryError(), "the sweep")
+        raise write_error(path, IsADirectoryError(), what)
     if not path.parent.is_dir():
-        raise write_error(path, FileNotFoundError(), "the sweep")
+        raise write_error(path, FileNotFoundError(), what)
 
 
 def models_command(as_json: Annotated[bool, flag_option("--json/--no-json", "Print JSON.")] = False) -> None:

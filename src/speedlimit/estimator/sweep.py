@@ -23,9 +23,10 @@ from speedlimit.hardware import Hardware
 from speedlimit.precision import parse_precision
 from speedlimit.scenario import MAX_BATCH, MAX_TOKENS, scenario_from
 
-# Rows one sweep may produce: enough for any chart or table, and bounded in time and memory (a million rows
-# take about a second to evaluate and a few to write here).
-MAX_SWEEP_ROWS = 1_000_000
+# Configurations one vectorized evaluation may hold in memory (a few dozen float arrays of this length), and
+# rows one sweep may write (200,000 rows are ~30 MB of CSV and about a second of formatting on 2 cores).
+MAX_GRID_CONFIGS = 2_000_000
+MAX_SWEEP_ROWS = 200_000
 
 SWEEP_COLUMNS = (
     "model",
@@ -117,14 +118,14 @@ def _check_axis(name: str, values: Sequence[float], low: float, high: float) -> 
     return array
 
 
-def check_grid_size(*axes: Sequence[Any]) -> int:
-    """Rows of the grid over ``axes``; an error before any work when an axis is empty or the grid too large."""
+def check_grid_size(*axes: Sequence[Any], limit: int = MAX_SWEEP_ROWS) -> int:
+    """Rows of the grid over ``axes``; an error before any work when the grid has more than ``limit``."""
     rows = 1
     for axis in axes:
         rows *= len(axis)
-    if rows > MAX_SWEEP_ROWS:
+    if rows > limit:
         sizes = " × ".join(f"{len(axis):,}" for axis in axes)
-        raise SpeedlimitError(f"the sweep grid has {sizes} = {rows:,} rows, more than {MAX_SWEEP_ROWS:,}: "
+        raise SpeedlimitError(f"the sweep grid has {sizes} = {rows:,} rows, more than {limit:,}: "
                               "split it into several sweeps or use fewer values per axis")
     return rows
 
@@ -149,7 +150,7 @@ def sweep_arrays(
     for name, axis in (("model", models), ("hardware", hardware), ("weights", weights)):
         if not axis:
             raise SpeedlimitError(f"sweep needs at least one {name}")
-    check_grid_size(models, hardware, weights, batches, contexts)
+    check_grid_size(models, hardware, weights, batches, contexts, limit=MAX_GRID_CONFIGS)
     batch = _check_axis("batch", batches, 1, MAX_BATCH).reshape(1, 1, -1, 1)
     context = _check_axis("context", contexts, 0, MAX_TOKENS).reshape(1, 1, 1, -1)
     cells = [
