@@ -36,7 +36,8 @@ from speedlimit.catalog import hardware_names, model_names
 
 CASE_LIMIT_S = 10.0  # a hang detector, not a timing claim (those live in benchmarks/)
 MEMORY_LIMIT_BYTES = 2 * 2**30  # the child's address space: reading a 3 GB file whole must fail loudly
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+# 40 examples per generated test keep the module under a minute; SPEEDLIMIT_FUZZ_EXAMPLES=1000 digs deeper.
+FUZZ = settings(max_examples=int(os.environ.get("SPEEDLIMIT_FUZZ_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 UNREACHABLE_URL = "http://127.0.0.1:9/v1"  # the discard port: nothing listens there
 LLAMA_CONFIG = {
     "model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,

@@ -8,6 +8,7 @@ reads results files, fits through `speedlimit.verify.fit` and saves the profile.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -242,7 +243,7 @@ def calibrate_command(
     if json_output:
         payload = {"profile": name, "path": str(path) if path else None, "saved": path is not None,
                    "base_hardware": base.key, "bandwidth_Bps": base.memory_bandwidth_Bps,
-                   "flops": fit.flops, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
+                   "flops": fit.flops if fit.flops and math.isfinite(fit.flops) else None, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
                    "step_overhead_s": fit.step_overhead_s, "error_before": fit.error_before, "error_after": fit.error_after,
                    "default_efficiency": fit.before.model_dump(), "points": len(fit.points),
                    "excluded": [point.label for point in fit.excluded], "notes": fit.notes}
