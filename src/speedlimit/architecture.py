@@ -11,6 +11,7 @@ reading files happens in `speedlimit.catalog` and `speedlimit.gguf_model`.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -191,10 +192,16 @@ def parse_param_count(text: str) -> float | None:
     return value
 
 
+# A bare size below this is a typo (0.0000001B), not a model.
+MIN_BARE_PARAMS = 1e6
+
+
 def architecture_from_param_count(params: float, name: str | None = None) -> Architecture:
     """A dense model known only by its parameter count: every parameter is read per token, no KV model."""
     if not math.isfinite(params) or params <= 0:
         raise SpeedlimitError(f"model size must be a positive number of parameters, got {params:g}")
+    if params < MIN_BARE_PARAMS:
+        raise SpeedlimitError(f"model size {params:.3g} parameters is too small for a language model (< 1M); use e.g. 135M or 7B")
     if params > 1e15:
         raise SpeedlimitError(f"model size {params:.3g} parameters is absurd (> 1e15); use e.g. 7B or 70e9")
     return Architecture(
@@ -230,37 +237,71 @@ def _flatten_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _int(config: dict[str, Any], *keys: str, default: int | None = None) -> int:
+# Largest plausible value of each count a config.json or GGUF file gives. Beyond them the file is wrong (or
+# crafted): a GGUF with block_count = 2**40 would otherwise loop "forever" over its layers.
+MAX_HIDDEN = 1 << 20
+MAX_LAYERS = 10_000
+MAX_HEADS = 1 << 16
+MAX_VOCAB = 1 << 27
+MAX_INTERMEDIATE = 1 << 24
+MAX_EXPERTS = 1 << 16
+MAX_CONTEXT = 1 << 31
+MAX_PARAMS = 1e15
+MAX_NAME_CHARS = 200
+
+
+def bounded_count(value: Any, what: str, low: int = 0, high: int = MAX_CONTEXT) -> int:
+    """A whole number in [low, high] read from a file, else a `SpeedlimitError` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value != int(value):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
+        raise SpeedlimitError(f"{what} must be a whole number, got {shown}")
+    if not low <= value <= high:
+        raise SpeedlimitError(f"{what} = {value:,} is absurd (outside {low:,} to {high:,}): is this the right file?")
+    return int(value)
+
+
+def _int(config: dict[str, Any], *keys: str, default: int | None = None, low: int = 0, high: int = MAX_CONTEXT) -> int:
     for key in keys:
         value = config.get(key)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
-                raise SpeedlimitError(f"config key {key!r} must be a non-negative number, got {value!r}")
-            return int(value)
+            return bounded_count(value, f"config key {key!r}", low, high)
     if default is None:
         raise SpeedlimitError(f"config is missing {' / '.join(repr(k) for k in keys)}: is this a decoder-only LLM config.json?")
     return default
 
 
+def check_total_params(arch: Architecture) -> Architecture:
+    """The architecture, unless its parameter count is zero or absurd (a wrong or crafted file)."""
+    if not 0 < arch.total_params <= MAX_PARAMS:
+        raise SpeedlimitError(f"{arch.name} has {arch.total_params:.3g} parameters: not a plausible model (1 to {MAX_PARAMS:g})")
+    return arch
+
+
+def display_name(value: Any) -> str:
+    """A model name taken from a file, cut to `MAX_NAME_CHARS` (it ends up in table titles and JSON)."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= MAX_NAME_CHARS else text[: MAX_NAME_CHARS - 1] + "…"
+
+
 def _local_layer_count(config: dict[str, Any], model_type: str, n_layers: int) -> tuple[int, int]:
     """(number of sliding-window layers, window) from the config's own conventions."""
-    window = config.get("sliding_window") or 0
+    window = _int(config, "sliding_window", default=0) if config.get("sliding_window") is not False else 0
     if model_type.startswith("qwen") and not config.get("use_sliding_window", False):
         return 0, 0
     layer_types = config.get("layer_types")
     if isinstance(layer_types, list) and layer_types:
         n_local = sum(1 for kind in layer_types[:n_layers] if "sliding" in str(kind) or "chunked" in str(kind))
-        return (n_local, int(window)) if window else (0, 0)
+        return (n_local, window) if window else (0, 0)
     if not window:
         return 0, 0
     if model_type == "gemma2":
-        return (n_layers + 1) // 2, int(window)  # alternating local/global, local first
+        return (n_layers + 1) // 2, window  # alternating local/global, local first
     if model_type.startswith("gemma3"):
-        pattern = int(config.get("sliding_window_pattern") or 6)
-        return sum(1 for i in range(n_layers) if (i + 1) % pattern), int(window)
-    if window >= int(config.get("max_position_embeddings") or 0) > 0:
+        pattern = _int(config, "sliding_window_pattern", default=6, low=1, high=MAX_LAYERS)
+        return sum(1 for i in range(n_layers) if (i + 1) % pattern), window
+    if window >= _int(config, "max_position_embeddings", default=0) > 0:
         return 0, 0  # a window as long as the context changes nothing
-    return n_layers, int(window)
+    return n_layers, window
 
 
 def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: str = "") -> Architecture:
@@ -274,33 +315,27 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         raise SpeedlimitError("config must be a JSON object (a Hugging Face config.json)")
     config = _flatten_config(config)
     model_type = str(config.get("model_type", "")).lower()
-    hidden = _int(config, "hidden_size", "n_embd", "d_model")
-    n_layers = _int(config, "num_hidden_layers", "n_layer", "num_layers")
-    n_heads = _int(config, "num_attention_heads", "n_head")
-    n_kv_heads = _int(config, "num_key_value_heads", "num_kv_heads", default=n_heads)
-    vocab = _int(config, "vocab_size")
-    if min(hidden, n_layers, n_heads, vocab) <= 0 or n_kv_heads <= 0:
-        raise SpeedlimitError("config has a zero size (hidden_size, num_hidden_layers, num_attention_heads, vocab_size)")
-    for key, value, limit in (("hidden_size", hidden, 1 << 20), ("num_hidden_layers", n_layers, 10_000),
-                              ("num_attention_heads", n_heads, 1 << 16), ("vocab_size", vocab, 1 << 27)):  # fmt: skip
-        if value > limit:
-            raise SpeedlimitError(f"config {key} = {value:,} is absurd (> {limit:,}); is this the right config.json?")
+    hidden = _int(config, "hidden_size", "n_embd", "d_model", low=1, high=MAX_HIDDEN)
+    n_layers = _int(config, "num_hidden_layers", "n_layer", "num_layers", low=1, high=MAX_LAYERS)
+    n_heads = _int(config, "num_attention_heads", "n_head", low=1, high=MAX_HEADS)
+    n_kv_heads = _int(config, "num_key_value_heads", "num_kv_heads", default=n_heads, low=1, high=MAX_HEADS)
+    vocab = _int(config, "vocab_size", low=1, high=MAX_VOCAB)
     if n_heads % n_kv_heads:
         raise SpeedlimitError(f"num_attention_heads ({n_heads}) is not a multiple of num_key_value_heads ({n_kv_heads})")
-    head_dim = _int(config, "head_dim", default=hidden // n_heads)
-    intermediate = _int(config, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    head_dim = _int(config, "head_dim", default=max(hidden // n_heads, 1), low=1, high=MAX_HIDDEN)
+    intermediate = _int(config, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden, low=1, high=MAX_INTERMEDIATE)
     tied_default = model_type in _TIED_BY_DEFAULT_TYPES
     tied = bool(config.get("tie_word_embeddings", tied_default))
     mlp_matrices = 2 if model_type in _UNGATED_MLP_TYPES else 3
 
     # --- attention ------------------------------------------------------------------------
     attention_bias_tensors = 0
-    kv_lora_rank = int(config.get("kv_lora_rank") or 0)
+    kv_lora_rank = _int(config, "kv_lora_rank", default=0, high=MAX_HIDDEN)
     if kv_lora_rank:  # DeepSeek multi-head latent attention
-        q_lora_rank = int(config.get("q_lora_rank") or 0)
-        rope_dim = _int(config, "qk_rope_head_dim")
-        nope_dim = _int(config, "qk_nope_head_dim")
-        v_head_dim = _int(config, "v_head_dim", default=nope_dim)
+        q_lora_rank = _int(config, "q_lora_rank", default=0, high=MAX_HIDDEN)
+        rope_dim = _int(config, "qk_rope_head_dim", high=MAX_HIDDEN)
+        nope_dim = _int(config, "qk_nope_head_dim", high=MAX_HIDDEN)
+        v_head_dim = _int(config, "v_head_dim", default=nope_dim, high=MAX_HIDDEN)
         q_head = nope_dim + rope_dim
         if q_lora_rank:
             q_params = hidden * q_lora_rank + q_lora_rank + q_lora_rank * n_heads * q_head
@@ -321,23 +356,23 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
     norm_params_per_layer = 2 * hidden
 
     # --- MLP / experts ----------------------------------------------------------------------
-    n_experts = _int(config, "n_routed_experts", "num_local_experts", "num_experts", default=0)
-    experts_per_token = _int(config, "num_experts_per_tok", "experts_per_token", "num_experts_per_token", default=0)
+    n_experts = _int(config, "n_routed_experts", "num_local_experts", "num_experts", default=0, high=MAX_EXPERTS)
+    experts_per_token = _int(config, "num_experts_per_tok", "experts_per_token", "num_experts_per_token", default=0, high=MAX_EXPERTS)
     if n_experts and not experts_per_token:
         raise SpeedlimitError("MoE config has experts but no num_experts_per_tok")
     if experts_per_token > n_experts:
         raise SpeedlimitError(f"num_experts_per_tok ({experts_per_token}) exceeds the number of experts ({n_experts})")
     dense_mlp = mlp_matrices * hidden * intermediate
     if n_experts:
-        expert_inter = _int(config, "moe_intermediate_size", default=intermediate)
+        expert_inter = _int(config, "moe_intermediate_size", default=intermediate, low=1, high=MAX_INTERMEDIATE)
         expert_layer_params = mlp_matrices * hidden * expert_inter
         if config.get("mlp_bias") or model_type == "gpt_oss":
             expert_layer_params += 2 * expert_inter + hidden  # gate/up and down biases
-        shared = _int(config, "n_shared_experts", default=0) * mlp_matrices * hidden * expert_inter
-        shared += mlp_matrices * hidden * _int(config, "shared_expert_intermediate_size", default=0)
+        shared = _int(config, "n_shared_experts", default=0, high=MAX_EXPERTS) * mlp_matrices * hidden * expert_inter
+        shared += mlp_matrices * hidden * _int(config, "shared_expert_intermediate_size", default=0, high=MAX_INTERMEDIATE)
         if model_type.startswith("llama4"):
             shared = mlp_matrices * hidden * expert_inter  # one shared expert per MoE layer
-            dense_mlp = mlp_matrices * hidden * _int(config, "intermediate_size_mlp", default=intermediate)
+            dense_mlp = mlp_matrices * hidden * _int(config, "intermediate_size_mlp", default=intermediate, high=MAX_INTERMEDIATE)
         router = hidden * n_experts
         moe_layers = _moe_layer_indices(config, model_type, n_layers)
         n_moe = len(moe_layers)
@@ -364,8 +399,8 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
 
     n_local, window = _local_layer_count(config, model_type, n_layers)
     embedding = vocab * hidden
-    return Architecture(
-        name=name or str(config.get("_name_or_path") or model_type or "config"),
+    return check_total_params(Architecture(
+        name=display_name(name or config.get("_name_or_path") or model_type or "config"),
         hidden_size=hidden,
         n_layers=n_layers,
         vocab_size=vocab,
@@ -380,17 +415,18 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         head_dim=head_dim,
         **layered_attention(n_layers, n_local, window, kv_elements_per_layer, attn_flops_per_ctx_layer),
         attention=attention,
-        max_context=int(config.get("max_position_embeddings") or 0),
+        max_context=_int(config, "max_position_embeddings", default=0),
         decode_kernels=decode_kernels,
         source=source,
-    )
+    ))
 
 
 def _moe_layer_indices(config: dict[str, Any], model_type: str, n_layers: int) -> list[int]:
     """Which layers hold routed experts, per each family's config keys."""
-    first_dense = int(config.get("first_k_dense_replace") or 0)
-    freq = int(config.get("moe_layer_freq") or config.get("decoder_sparse_step") or config.get("interleave_moe_layer_step") or 1)
-    mlp_only = set(config.get("mlp_only_layers") or [])
+    first_dense = _int(config, "first_k_dense_replace", default=0, high=MAX_LAYERS)
+    freq = _int(config, "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", default=1, low=1, high=MAX_LAYERS)
+    listed = config.get("mlp_only_layers") or []
+    mlp_only = {bounded_count(i, "config key 'mlp_only_layers'", high=MAX_LAYERS) for i in (listed if isinstance(listed, list) else [listed])}
     layers = []
     for i in range(n_layers):
         if i < first_dense or i in mlp_only:

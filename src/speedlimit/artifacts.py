@@ -38,7 +38,7 @@ def read_json(path: Path, what: str) -> Any:
     """Parsed JSON of ``path``, or a one-line `SpeedlimitError` saying why it is not ``what``."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise file_error(path, error, what) from None
 
 

@@ -13,7 +13,21 @@ from typing import Any
 
 import gguf
 
-from speedlimit.architecture import Architecture, WeightBytes, attention_per_layer, decode_kernels_per_step, layered_attention
+from speedlimit.architecture import (
+    MAX_CONTEXT,
+    MAX_EXPERTS,
+    MAX_HEADS,
+    MAX_HIDDEN,
+    MAX_LAYERS,
+    Architecture,
+    WeightBytes,
+    attention_per_layer,
+    bounded_count,
+    check_total_params,
+    decode_kernels_per_step,
+    display_name,
+    layered_attention,
+)
 from speedlimit.errors import SpeedlimitError
 
 
@@ -31,37 +45,47 @@ def _field(reader: gguf.GGUFReader, key: str) -> Any:
 def read_gguf(path: Path) -> gguf.GGUFReader:
     """Open a GGUF file, turning every failure into a one-line `SpeedlimitError`."""
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise SpeedlimitError(f"no such GGUF file: {path}")
     try:
+        if not path.is_file():
+            raise SpeedlimitError(f"no such GGUF file: {path}")
         return gguf.GGUFReader(path, "r")
+    except SpeedlimitError:
+        raise
     except Exception as error:  # the reader raises ValueError/struct errors/IndexError on bad files
-        raise SpeedlimitError(f"{path} is not a readable GGUF file ({type(error).__name__}: {error})") from None
+        raise SpeedlimitError(f"{path} is not a readable GGUF file ({type(error).__name__}: {str(error)[:200]})") from None
 
 
 def architecture_from_gguf(path: Path) -> Architecture:
     """Architecture and exact weight bytes of a ``.gguf`` file."""
     reader = read_gguf(path)
+    try:
+        return _architecture(reader, Path(path))
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as error:  # a crafted header
+        raise SpeedlimitError(f"{path} is not a readable GGUF model ({type(error).__name__}: {str(error)[:200]})") from None
+
+
+def _architecture(reader: gguf.GGUFReader, path: Path) -> Architecture:
     arch = _field(reader, "general.architecture")
     if not isinstance(arch, str):
         raise SpeedlimitError(f"{path} has no general.architecture: is it a model GGUF?")
 
-    def meta(suffix: str, default: Any = None) -> Any:
+    def meta(suffix: str, default: int, high: int, low: int = 0) -> int:
+        """A count from the metadata, bounded: a crafted file must not make us loop 2**40 times."""
         value = _field(reader, f"{arch}.{suffix}")
-        return default if value is None else value
+        return default if value is None else bounded_count(value, f"{path.name}: {arch}.{suffix}", low, high)
 
-    n_layers = int(meta("block_count", 0))
-    hidden = int(meta("embedding_length", 0))
-    n_heads = int(meta("attention.head_count", 0))
+    n_layers = meta("block_count", 0, MAX_LAYERS)
+    hidden = meta("embedding_length", 0, MAX_HIDDEN)
+    n_heads = meta("attention.head_count", 0, MAX_HEADS)
     if not (n_layers and hidden and n_heads):
         raise SpeedlimitError(f"{path} lacks {arch}.block_count/embedding_length/attention.head_count metadata")
-    n_kv_heads = int(meta("attention.head_count_kv", n_heads)) or n_heads
-    key_length = int(meta("attention.key_length", hidden // n_heads))
-    value_length = int(meta("attention.value_length", key_length))
-    n_experts = int(meta("expert_count", 0))
-    experts_per_token = int(meta("expert_used_count", 0))
-    kv_lora_rank = int(meta("attention.kv_lora_rank", 0))
-    window = int(meta("attention.sliding_window", 0))
+    n_kv_heads = meta("attention.head_count_kv", n_heads, MAX_HEADS) or n_heads
+    key_length = meta("attention.key_length", max(hidden // n_heads, 1), MAX_HIDDEN, low=1)
+    value_length = meta("attention.value_length", key_length, MAX_HIDDEN, low=1)
+    n_experts = meta("expert_count", 0, MAX_EXPERTS)
+    experts_per_token = min(meta("expert_used_count", 0, MAX_EXPERTS), n_experts)
+    kv_lora_rank = meta("attention.kv_lora_rank", 0, MAX_HIDDEN)
+    window = meta("attention.sliding_window", 0, MAX_CONTEXT)
 
     names = {tensor.name for tensor in reader.tensors}
     embedding = lm_head = dense = experts = 0.0
@@ -91,7 +115,7 @@ def architecture_from_gguf(path: Path) -> Architecture:
         experts_per_token = 0
 
     kv_per_layer, attn_flops_per_layer, attention = attention_per_layer(
-        n_heads, n_kv_heads, key_length, value_length, kv_lora_rank, int(meta("rope.dimension_count", 64))
+        n_heads, n_kv_heads, key_length, value_length, kv_lora_rank, meta("rope.dimension_count", 64, MAX_HIDDEN)
     )
     # GGUF marks sliding-window models by window size; layer patterns are per-architecture in llama.cpp.
     local_fraction = {"gemma2": 0.5, "gemma3": 5 / 6, "gpt-oss": 0.5, "gpt_oss": 0.5}.get(arch, 1.0 if window else 0.0)
@@ -113,8 +137,8 @@ def architecture_from_gguf(path: Path) -> Architecture:
         shared_expert_gate=any(f"blk.{i}.ffn_gate_inp_shexp.weight" in names for i in range(n_layers)),
     )
     file_type = _file_type_name(_field(reader, "general.file_type")) or main_type
-    return Architecture(
-        name=str(_field(reader, "general.name") or Path(path).stem),
+    return check_total_params(Architecture(
+        name=display_name(_field(reader, "general.name") or Path(path).stem),
         hidden_size=hidden,
         n_layers=n_layers,
         vocab_size=vocab,
@@ -129,13 +153,13 @@ def architecture_from_gguf(path: Path) -> Architecture:
         head_dim=key_length,
         **layered_attention(n_layers, n_local, window, kv_per_layer, attn_flops_per_layer),
         attention=attention,
-        max_context=int(meta("context_length", 0)),
+        max_context=meta("context_length", 0, MAX_CONTEXT),
         decode_kernels=decode_kernels,
         source=str(path),
         weight_bytes=WeightBytes(
             embedding=embedding_bytes, lm_head=lm_head_bytes, dense=dense_bytes, expert=expert_bytes, file_type=file_type
         ),
-    )
+    ))
 
 
 def _file_type_name(value: Any) -> str:
@@ -143,5 +167,5 @@ def _file_type_name(value: Any) -> str:
         return ""
     try:
         return gguf.LlamaFileType(int(value)).name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
-    except ValueError:
+    except (ValueError, TypeError, OverflowError):
         return ""

@@ -25,13 +25,47 @@ _FLOPS_FALLBACK = {
 }
 
 
+# Plausible ranges of one device's figures: outside them the input is a unit mistake (or hostile), and results
+# would be meaningless (1e-300 B/s gives NaN tokens per second).
+BANDWIDTH_RANGE_BPS = (1e6, 1e15)  # 1 MB/s .. 1 PB/s
+FLOPS_RANGE = (1e6, 1e18)  # 1 MFLOP/s .. 1 EFLOP/s
+MEMORY_RANGE_BYTES = (1e6, 1e15)  # 1 MB .. 1 PB
+
+
+def _check_range(value: float, low: float, high: float, what: str, example: str) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a positive number, got {value:g}")
+    if not low <= value <= high:
+        raise ValueError(f"{what} {value:.3g} is absurd (outside {low:g}..{high:g}); give e.g. {example}")
+    return float(value)
+
+
+def check_bandwidth(value: float) -> float:
+    """Peak memory bandwidth in bytes/s, within `BANDWIDTH_RANGE_BPS` (raises ValueError)."""
+    return _check_range(value, *BANDWIDTH_RANGE_BPS, "memory bandwidth (bytes/s)", "3.35e12")
+
+
+def check_flops(value: float) -> float:
+    """Peak FLOP/s within `FLOPS_RANGE` (raises ValueError)."""
+    return _check_range(value, *FLOPS_RANGE, "peak FLOP/s", "989e12")
+
+
+def check_memory(value: float) -> float:
+    """Device memory in bytes within `MEMORY_RANGE_BYTES` (raises ValueError)."""
+    return _check_range(value, *MEMORY_RANGE_BYTES, "memory (bytes)", "80e9")
+
+
 class Hardware(BaseModel):
-    """One accelerator (or CPU socket) as the estimator sees it."""
+    """One accelerator (or CPU socket) as the estimator sees it.
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    A calibrated profile also carries its fitted efficiencies (bounded like `Efficiency`'s) and where they came
+    from; catalog devices leave them None and take their kind's defaults.
+    """
 
-    key: str
-    name: str
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
+
+    key: str = Field(max_length=200)
+    name: str = Field(max_length=500)
     vendor: str = "custom"
     kind: str = "gpu"  # gpu | apple | cpu | custom
     aliases: list[str] = Field(default_factory=list)
@@ -42,31 +76,34 @@ class Hardware(BaseModel):
     interconnect: str = ""
     source: str = ""
     notes: str = ""
+    # calibrated profiles only
+    bw_efficiency: float | None = Field(None, gt=0, le=1.0)
+    flops_efficiency: float | None = Field(None, gt=0, le=1.0)
+    step_overhead_s: float | None = Field(None, ge=0, le=1.0)
+    kernel_overhead_s: float | None = Field(None, ge=0, le=0.01)
+    calibrated_at: str | None = None
+    calibrated_from: list[str] = Field(default_factory=list)
 
     @field_validator("memory_bandwidth_Bps")
     @classmethod
-    def _positive_bandwidth(cls, value: float) -> float:
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"memory bandwidth must be a positive number of bytes/s, got {value}")
-        if value > 1e15:
-            raise ValueError(f"memory bandwidth {value:.3g} B/s is absurd (> 1 PB/s); give bytes per second, e.g. 3.35e12")
-        return value
+    def _bandwidth(cls, value: float) -> float:
+        return check_bandwidth(value)
 
-    @field_validator("memory_bytes", "interconnect_Bps")
+    @field_validator("memory_bytes")
     @classmethod
-    def _positive_optional(cls, value: float | None) -> float | None:
-        if value is not None and (not math.isfinite(value) or value <= 0):
-            raise ValueError(f"must be a positive number, got {value}")
-        return value
+    def _memory(cls, value: float | None) -> float | None:
+        return None if value is None else check_memory(value)
+
+    @field_validator("interconnect_Bps")
+    @classmethod
+    def _link(cls, value: float | None) -> float | None:
+        return None if value is None else _check_range(value, *BANDWIDTH_RANGE_BPS, "interconnect bandwidth (bytes/s)", "450e9")
 
     @field_validator("flops")
     @classmethod
     def _positive_flops(cls, value: dict[str, float]) -> dict[str, float]:
         for dtype, rate in value.items():
-            if not math.isfinite(rate) or rate <= 0:
-                raise ValueError(f"peak {dtype} FLOP/s must be positive, got {rate}")
-            if rate > 1e18:
-                raise ValueError(f"peak {dtype} FLOP/s {rate:.3g} is absurd (> 1 EFLOP/s per device)")
+            check_flops(rate)
         return value
 
     def peak_flops(self, dtype: str = "bf16") -> float:
@@ -107,6 +144,6 @@ def custom_hardware(bandwidth_Bps: float, flops: float | None = None, memory_byt
             memory_bytes=memory_bytes,
             flops={"bf16": flops} if flops is not None else {},
         )
-    except ValueError as error:
+    except ValueError as error:  # pydantic's ValidationError is a ValueError
         raise SpeedlimitError(pydantic_message(error)) from None
 

@@ -117,8 +117,13 @@ def parse_precision(text: str | float | int, *, what: str = "weights") -> Precis
     raise SpeedlimitError(f"unknown {what} format {text!r}{did_you_mean(key, known_formats())}; use bits (e.g. 4) or a name like bf16, fp8, int4, q4_0, q8_0")
 
 
+# No format stores fewer bits per element than this (llama.cpp's 1.5625-bit iq1_s is the smallest); below it a
+# number is a typo, and 0.001 bits would claim a 7B model reads 875 kB per token.
+MIN_BITS = 1.0
+
+
 def _from_bits(bits: float, what: str) -> Precision:
-    if not math.isfinite(bits) or bits <= 0 or bits > 64:
-        raise SpeedlimitError(f"{what} bits must be a number in (0, 64], got {bits:g}")
+    if not math.isfinite(bits) or not MIN_BITS <= bits <= 64:
+        raise SpeedlimitError(f"{what} bits must be a number from {MIN_BITS:g} to 64, got {bits:g}")
     name = {32.0: "fp32", 16.0: "bf16", 8.0: "int8", 4.0: "int4"}.get(bits, f"{bits:g}bit")
     return Precision(name, bits)

@@ -104,7 +104,7 @@ def test_catalog_endpoints(client):
         ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "batch": 2.5}, "batch"),
         ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "q9_z"}, "weights format"),
         ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "tp": 10**9}, "tp"),
-        ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "bw_efficiency": 3}, "bw_efficiency must be"),
+        ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "bw_efficiency": 3}, "bw_efficiency: must be"),
         ({"model": "llama-3.1-8b"}, "hardware"),
         ({"hardware": "h100-sxm"}, "model"),
         ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "batchsize": 4}, "unknown field"),

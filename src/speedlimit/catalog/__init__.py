@@ -24,9 +24,13 @@ from speedlimit.architecture import (
     architecture_from_param_count,
     parse_param_count,
 )
-from speedlimit.errors import SpeedlimitError, pydantic_message
+from speedlimit.errors import SpeedlimitError, file_error, pydantic_message
 from speedlimit.hardware import Efficiency, Hardware
 from speedlimit.suggest import did_you_mean
+
+
+# The longest name or path a user may type (Linux's PATH_MAX); catalog names are far shorter.
+MAX_NAME_CHARS = 4096
 
 
 def _load_toml(filename: str) -> dict[str, Any]:
@@ -80,16 +84,17 @@ def resolve_model(text: str, *, files: bool = True) -> Architecture:
     """
     if not isinstance(text, str) or not text.strip():
         raise SpeedlimitError("--model is empty: pass a catalog name (see `speedlimit models`), a config.json, a .gguf, or a size like 7B")
+    _check_name_length(text, "--model")
     key = _model_aliases().get(_normalize(text))
     if key:
         return catalog_model(key)
     if files:
-        path = Path(text).expanduser()
-        if path.suffix.lower() == ".gguf" or (path.is_file() and path.read_bytes()[:4] == b"GGUF"):
+        path = _user_path(text)
+        if path.suffix.lower() == ".gguf" or _starts_with(path, b"GGUF"):
             from speedlimit.gguf_model import architecture_from_gguf  # I/O edge, imported on demand
 
             return architecture_from_gguf(path)
-        if path.suffix.lower() == ".json" or path.is_dir():
+        if path.suffix.lower() == ".json" or _is_dir(path):
             return architecture_from_config_file(path)
     params = parse_param_count(text)
     if params is not None:
@@ -99,15 +104,53 @@ def resolve_model(text: str, *, files: bool = True) -> Architecture:
     raise SpeedlimitError(f"unknown model {text!r}{did_you_mean(_normalize(text), _model_aliases())}; {hint}")
 
 
-def architecture_from_config_file(path: Path) -> Architecture:
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise SpeedlimitError(f"no such config file: {path}")
+def _check_name_length(text: str, flag: str) -> None:
+    if len(text) > MAX_NAME_CHARS:
+        raise SpeedlimitError(f"{flag} is {len(text):,} characters long; give a catalog name, a path or a size")
+
+
+def _user_path(text: str) -> Path:
     try:
+        return Path(text).expanduser()
+    except RuntimeError:  # ~user that does not exist
+        return Path(text)
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    """Whether ``path`` is a regular file that begins with ``magic`` (reads only those bytes; never a FIFO)."""
+    try:
+        if not path.is_file():
+            return False
+        with path.open("rb") as file:
+            return file.read(len(magic)) == magic
+    except (OSError, ValueError):  # not a file, unreadable, a name too long for the file system
+        return False
+
+
+# A config.json is a few kB; anything this large is not one (and would be read whole into memory).
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
+def architecture_from_config_file(path: Path) -> Architecture:
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise SpeedlimitError(f"no such config file: {path}")
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise SpeedlimitError(f"{path} is {path.stat().st_size:,} bytes: too large for a config.json")
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise SpeedlimitError(f"{path} is not valid JSON ({error}); pass a Hugging Face config.json") from None
+    except SpeedlimitError:
+        raise
+    except (OSError, ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise file_error(path, error, "a Hugging Face config.json") from None
     return architecture_from_hf_config(config, name=path.parent.name or path.stem, source=str(path))
 
 
@@ -138,6 +181,7 @@ def hardware_names() -> list[str]:
 
 
 def resolve_hardware(text: str) -> Hardware:
+    _check_name_length(text, "--hardware")
     key = _hardware_aliases().get(_normalize(text))
     if key:
         return catalog_hardware(key)
@@ -176,13 +220,12 @@ def default_efficiency(hardware: Hardware) -> Efficiency:
     """
     table = efficiency_defaults()
     row = dict(table.get(hardware.kind) or table["gpu"])
-    own = hardware.model_extra or {}
-    if "step_overhead_s" in own:
+    if hardware.step_overhead_s is not None:
         row["kernel_overhead_s"] = 0.0
-    if own.get("calibrated_at"):
-        row["basis"] = f"calibrated {own['calibrated_at'][:10]} from {', '.join(map(str, own.get('calibrated_from', [])))}"
+    if hardware.calibrated_at:
+        row["basis"] = f"calibrated {hardware.calibrated_at[:10]} from {', '.join(hardware.calibrated_from)}"
+    for field in ("bw_efficiency", "flops_efficiency", "step_overhead_s", "kernel_overhead_s"):
+        if getattr(hardware, field) is not None:
+            row[field] = getattr(hardware, field)
     fields = ("bw_efficiency", "flops_efficiency", "step_overhead_s", "kernel_overhead_s", "basis")
-    for field in fields:
-        if own.get(field) is not None:
-            row[field] = own[field]
     return Efficiency(**{k: row[k] for k in fields if k in row})

@@ -8,6 +8,7 @@ turns `SpeedlimitError` into one line on stderr and exit code 2.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import typer
 
@@ -21,24 +22,65 @@ from speedlimit.errors import SpeedlimitError
 app = typer.Typer(
     name="speedlimit",
     help="How fast will this LLM run on this hardware, and how fast is it really running?",
-    no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
+# Shown under each command's --help: commands a newcomer can paste as they are (catalog names, bundled model).
+EXAMPLES = {
+    "estimate": [
+        "speedlimit estimate -m llama-3.1-8b -H h100-sxm",
+        "speedlimit estimate -m llama-3.1-70b -H h100-sxm --tp 4 --batch 64 --prompt 2048 --output 512 --json",
+        "speedlimit estimate -m 7B --weights 16 --bandwidth 3.35e12 --ideal",
+        "speedlimit estimate -m path/to/config.json -H local --weights q4_k_m",
+    ],
+    "sweep": [
+        "speedlimit sweep -m 7B -m 70B -H h100-sxm --weights 16,8,4 --ideal",
+        "speedlimit sweep -m llama-3.1-8b -H rtx-4090 -H l4 --batch 1:256 --context 512,8192 --format json --out grid.json",
+    ],
+    "models": ["speedlimit models", "speedlimit models --json"],
+    "hardware": ["speedlimit hardware", "speedlimit hardware --json"],
+    "bench": [
+        "speedlimit bench --url http://127.0.0.1:8000/v1 --concurrency 4 --requests 32",
+        "speedlimit bench --url http://127.0.0.1:8000/v1 --sweep concurrency=1,2,4,8 --slo ttft=500ms,itl=50ms --out runs/a",
+        "speedlimit bench --url http://127.0.0.1:8000/v1 --rate 2 --duration 60 --compare-estimate --hardware local",
+    ],
+    "verify": ["speedlimit verify --quick", "speedlimit verify --out verify.json"],
+    "calibrate": ["speedlimit calibrate verify.json", "speedlimit calibrate verify.json runs/a/summary.json --name box --out box.toml"],
+    "serve": ["speedlimit serve", "speedlimit serve --port 8080"],
+    "report": ["speedlimit report runs/a", "speedlimit report runs/a/requests.jsonl --out /tmp/report"],
+}
+
+
+def _epilog(command: str) -> str:
+    return "Examples:\n\n" + "\n\n".join(f"  $ {line}" for line in EXAMPLES[command])
+
+
+@app.callback(invoke_without_command=True)
+def _root(context: typer.Context) -> None:
+    """Bare `speedlimit` prints this help and exits 0."""
+    if context.invoked_subcommand is None:
+        typer.echo(context.get_help())
+        raise typer.Exit(0)
+
+
+def _register(name: str, command: Callable[..., None]) -> None:
+    app.command(name, epilog=_epilog(name))(command)
+
+
 # estimate leg
-app.command("estimate")(estimate_command)
-app.command("sweep")(sweep_command)
-app.command("models")(models_command)
-app.command("hardware")(hardware_command)
+_register("estimate", estimate_command)
+_register("sweep", sweep_command)
+_register("models", models_command)
+_register("hardware", hardware_command)
 # bench leg
-app.command("bench")(bench_command)
+_register("bench", bench_command)
 # verify leg
-app.command("verify")(verify_command)
-app.command("calibrate")(calibrate_command)
+_register("verify", verify_command)
+_register("calibrate", calibrate_command)
 # pictures
-app.command("serve")(serve_command)
-app.command("report")(report_command)
+_register("serve", serve_command)
+_register("report", report_command)
 
 
 def main() -> None:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from speedlimit.catalog import (
@@ -22,9 +21,10 @@ from speedlimit.catalog import (
     model_entries,
     model_names,
 )
-from speedlimit.errors import SpeedlimitError
-from speedlimit.estimator.api import Estimate, estimate
-from speedlimit.hardware import custom_hardware
+from speedlimit.cli.options import flag_option, scenario_options
+from speedlimit.errors import SpeedlimitError, write_error
+from speedlimit.estimator.api import Estimate, estimate_scenario, resolve
+from speedlimit.scenario import scenario_from
 from speedlimit.units import format_bytes, format_count, format_seconds, parse_quantity
 
 console = Console()
@@ -46,68 +46,43 @@ def _parse_list(text: str, what: str) -> list[float]:
     return [parse_quantity(part, what) for part in text.split(",") if part.strip()]
 
 
-def _hardware_arg(hardware: str | None, profile: str | None, bandwidth: str | None, flops: str | None, memory: str | None):
-    if profile:
-        return profile
-    if bandwidth is not None:
-        return custom_hardware(
-            parse_quantity(bandwidth, "bandwidth"),
-            parse_quantity(flops, "flops") if flops is not None else None,
-            parse_quantity(memory, "memory") if memory is not None else None,
-        )
-    if flops is not None or memory is not None:
-        raise SpeedlimitError("--flops and --memory describe custom hardware: give --bandwidth BYTES_PER_S too")
-    if not hardware:
-        raise SpeedlimitError("give --hardware NAME (see `speedlimit hardware`) or --bandwidth BYTES_PER_S")
-    return hardware
+ESTIMATE_INPUTS = (
+    "model", "hardware", "profile", "bandwidth", "flops", "memory", "weights", "kv", "compute", "batch", "prompt",
+    "output", "tp", "ideal", "bw_efficiency", "flops_efficiency", "step_overhead_s", "usd_per_hour",
+)  # fmt: skip
 
 
+@scenario_options(*ESTIMATE_INPUTS)
 def estimate_command(
-    model: Annotated[str, typer.Option("--model", "-m", help="Catalog name, path to config.json or .gguf, or a size like 7B.")],
-    hardware: Annotated[str | None, typer.Option("--hardware", "-H", help="Catalog name or calibrated profile (e.g. local).")] = None,
-    profile: Annotated[str | None, typer.Option(help="Calibrated profile name (from `speedlimit calibrate`).")] = None,
-    bandwidth: Annotated[str | None, typer.Option(help="Custom hardware: peak memory bandwidth, bytes/s (3.35e12, 3.35TB).")] = None,
-    flops: Annotated[str | None, typer.Option(help="Custom hardware: peak FLOP/s (989e12).")] = None,
-    memory: Annotated[str | None, typer.Option(help="Custom hardware: memory capacity, bytes (80e9, 80GB).")] = None,
-    weights: Annotated[str | None, typer.Option(help="Weight format: bits (16, 8, 4) or fp16/bf16/fp8/int8/int4/nf4/q4_0/q8_0/q4_k…")] = None,
-    kv: Annotated[str, typer.Option(help="KV-cache format: fp16, bf16, fp8, int8, int4.")] = "fp16",
-    compute: Annotated[str | None, typer.Option(help="Compute dtype of the matmuls: fp32, tf32, bf16, fp16, fp8, int8, fp4.")] = None,
-    batch: Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")] = 1,
-    prompt: Annotated[int, typer.Option("--prompt", "-p", help="Prompt tokens per sequence.")] = 512,
-    output: Annotated[int, typer.Option("--output", "-o", help="Generated tokens per sequence.")] = 256,
-    tp: Annotated[int, typer.Option(help="Tensor-parallel devices.")] = 1,
-    ideal: Annotated[bool, typer.Option("--ideal", help="The seed formula: peak bandwidth ÷ weight bytes, nothing else.")] = False,
-    bw_efficiency: Annotated[float | None, typer.Option(help="Achievable fraction of peak bandwidth (0-1].")] = None,
-    flops_efficiency: Annotated[float | None, typer.Option(help="Achievable fraction of peak FLOP/s (0-1].")] = None,
-    usd_per_hour: Annotated[float | None, typer.Option(help="Price per device-hour, for cost per million tokens.")] = None,
+    inputs: dict[str, Any],
     plot: Annotated[Path | None, typer.Option(help="Also draw the batch curve and roofline to this PNG.")] = None,
-    allow_no_fit: Annotated[bool, typer.Option("--allow-no-fit", help="Report speed even when weights + KV cache exceed memory.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    allow_no_fit: Annotated[bool, flag_option("--allow-no-fit/--no-allow-no-fit", "Report speed even when weights + KV cache exceed memory.")] = False,
+    as_json: Annotated[bool, flag_option("--json/--no-json", "Print one JSON object.")] = False,
 ) -> None:
     """Predict TTFT, inter-token latency, tok/s, throughput and memory for one configuration."""
-    device = _hardware_arg(hardware, profile, bandwidth, flops, memory)
-    kwargs = dict(
-        weights=weights, kv=kv, compute=compute, batch=batch, prompt=prompt, output=output, tp=tp, ideal=ideal,
-        bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, usd_per_hour=usd_per_hour,
-    )  # fmt: skip
-    result = estimate(model, device, **kwargs)
-    if result.fits is False and not (allow_no_fit or ideal):  # ideal is the seed formula: no memory model
+    scenario = scenario_from(**inputs)
+    if plot is not None:
+        _check_writable(plot, "the plot")
+    result = estimate_scenario(scenario)
+    if result.fits is False and not (allow_no_fit or scenario.ideal):  # ideal is the seed formula: no memory model
         raise SpeedlimitError(_does_not_fit(result))
     if plot is not None:
         from speedlimit.report import plot_estimate  # matplotlib only when asked
 
-        plot_estimate(model, device, plot, **kwargs)
+        resolved = resolve(scenario)
+        kwargs = scenario.model_dump(exclude={"model", "hardware", "profile", "bandwidth", "flops", "memory"})
+        plot_estimate(resolved.arch, resolved.hardware, plot, **kwargs)
     if as_json:
-        typer.echo(json.dumps(result.to_dict()))
+        typer.echo(json.dumps(result.to_dict(), allow_nan=False))
         return
     console.print(estimate_table(result))
     if plot is not None:
-        console.print(f"plot written to {plot}")
+        console.print(f"plot written to {escape(str(plot))}")
 
 
 def estimate_table(result: Estimate) -> Table:
     """A person-readable table of one estimate."""
-    title = f"{result.model} on {result.hardware}" + (f" ×{result.tp}" if result.tp > 1 else "")
+    title = escape(f"{result.model} on {result.hardware}" + (f" ×{result.tp}" if result.tp > 1 else ""))
     table = Table(title=title, caption=_caption(result), show_header=False, title_style="bold")
     table.add_column(style="cyan")
     table.add_column(justify="right", style="bold")
@@ -118,7 +93,7 @@ def estimate_table(result: Estimate) -> Table:
         ("time to first token", format_seconds(result.ttft_s), f"prefill of {result.batch}×{result.prompt:,} tokens"),
         ("end-to-end latency", format_seconds(result.e2e_s), "TTFT + (output − 1) × ITL"),
         ("aggregate throughput", f"{result.throughput_tok_s:,.1f} tok/s", f"batch {result.batch}"),
-        ("bytes streamed / token", format_bytes(result.bytes_per_token), f"weights at {result.weight_bits:.3g} bits ({result.weights})"),
+        ("bytes streamed / token", format_bytes(result.bytes_per_token), escape(f"weights at {result.weight_bits:.3g} bits ({result.weights})")),
         ("FLOPs / token", format_count(result.flops_per_token), f"intensity {result.arithmetic_intensity:,.1f} FLOP/byte"),
         ("regime", f"{result.regime}-bound", _critical(result)),
         ("parameters", format_count(result.total_params), f"active {format_count(result.active_params)}"),
@@ -149,7 +124,7 @@ def _caption(result: Estimate) -> str:
         return "ideal: peak bandwidth ÷ weight bytes (the seed formula); no KV cache, overhead or efficiency"
     return (
         f"achievable: {result.bw_efficiency:.0%} of peak bandwidth, {result.flops_efficiency:.0%} of peak FLOP/s, "
-        f"{format_seconds(result.step_overhead_s)} per step ({_short(result.efficiency_basis)})"
+        f"{format_seconds(result.step_overhead_s)} per step ({escape(_short(result.efficiency_basis))})"
     )
 
 
@@ -177,51 +152,51 @@ def _count_or_dash(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
 
+@scenario_options("output", "kv", "tp", "ideal")
 def sweep_command(
-    model: Annotated[list[str], typer.Option("--model", "-m", help="Repeat for several models.")],
-    hardware: Annotated[list[str], typer.Option("--hardware", "-H", help="Repeat for several devices.")],
+    inputs: dict[str, Any],
+    model: Annotated[list[str], typer.Option("--model", "-m", help="Catalog name, config.json, .gguf or size; repeat for several.")],
+    hardware: Annotated[list[str], typer.Option("--hardware", "-H", help="Catalog hardware or calibrated profile; repeat for several.")],
     weights: Annotated[str, typer.Option(help="Comma-separated weight formats, e.g. 16,8,4 or bf16,q4_0.")] = "16",
     batch: Annotated[str, typer.Option(help="Batches: 1,8,64 or a doubling range 1:256.")] = "1",
     context: Annotated[str, typer.Option(help="Prompt/context tokens: 512,4096 or a doubling range 128:32768.")] = "512",
-    output: Annotated[int, typer.Option(help="Generated tokens per sequence.")] = 256,
-    kv: Annotated[str, typer.Option(help="KV-cache format: fp16, bf16, fp8, int8, int4.")] = "fp16",
-    tp: Annotated[int, typer.Option(help="Tensor-parallel devices.")] = 1,
-    ideal: Annotated[bool, typer.Option("--ideal", help="The seed formula.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
     out: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")] = None,
 ) -> None:
     """Evaluate a grid of model × hardware × weights × batch × context (vectorized)."""
-    from speedlimit.estimator.sweep import sweep_grid
+    from speedlimit.estimator.sweep import check_grid_size, sweep_grid
 
     if fmt not in ("csv", "json"):
         raise SpeedlimitError(f"--format must be csv or json, got {fmt!r}")
     weight_list = [w.strip() for w in weights.split(",") if w.strip()]
-    result = sweep_grid(
-        model, hardware, weight_list, _parse_list(batch, "batch"), _parse_list(context, "context"), output=output, kv=kv, tp=tp, ideal=ideal
-    )
-    stream = io.StringIO() if out is None else out.open("w", newline="", encoding="utf-8")
-    try:
-        if fmt == "json":
-            json.dump([_clean_row(row) for row in result.rows()], stream)
-            stream.write("\n")
-        else:
-            writer = csv.DictWriter(stream, fieldnames=list(result.columns))
-            writer.writeheader()
-            writer.writerows(result.rows())
-    finally:
-        if out is not None:
-            stream.close()
+    if not weight_list:
+        raise SpeedlimitError(f"--weights {weights!r} names no format: give e.g. 16,8,4 or bf16,q4_0")
+    batches, contexts = _parse_list(batch, "batch"), _parse_list(context, "context")
+    check_grid_size(model, hardware, weight_list, batches, contexts)
+    if out is not None:
+        _check_writable(out, "the sweep")
+    result = sweep_grid(model, hardware, weight_list, batches, contexts, **inputs)
+    write = result.write_json if fmt == "json" else result.write_csv
     if out is None:
-        sys.stdout.write(stream.getvalue())
-    else:
-        console.print(f"{len(result):,} configurations written to {out}", highlight=False)
+        write(sys.stdout)
+        return
+    try:
+        with out.open("w", newline="", encoding="utf-8") as stream:
+            write(stream)
+    except OSError as error:
+        raise write_error(out, error, "the sweep") from None
+    console.print(f"{len(result):,} configurations written to {escape(str(out))}", highlight=False)
 
 
-def _clean_row(row: dict) -> dict:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+def _check_writable(path: Path, what: str) -> None:
+    """Fail before the work when ``path`` cannot be a file: a directory, or in a directory that does not exist."""
+    if path.is_dir():
+        raise write_error(path, IsADirectoryError(), what)
+    if not path.parent.is_dir():
+        raise write_error(path, FileNotFoundError(), what)
 
 
-def models_command(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def models_command(as_json: Annotated[bool, flag_option("--json/--no-json", "Print JSON.")] = False) -> None:
     """List the model catalog."""
     rows = []
     for key in model_names():
@@ -255,7 +230,7 @@ def models_command(as_json: Annotated[bool, typer.Option("--json")] = False) -> 
     console.print(table)
 
 
-def hardware_command(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def hardware_command(as_json: Annotated[bool, flag_option("--json/--no-json", "Print JSON.")] = False) -> None:
     """List the hardware catalog."""
     rows = []
     for key in hardware_names():

@@ -8,6 +8,7 @@ reads results files, fits through `speedlimit.verify.fit` and saves the profile.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -19,7 +20,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from speedlimit.errors import SpeedlimitError, pydantic_message
+from speedlimit.cli.options import flag_option
+from speedlimit.errors import SpeedlimitError, pydantic_message, write_error
 
 if TYPE_CHECKING:
     from speedlimit.verify.run import DecodePoint, PrefillPoint, VerifyResult
@@ -137,15 +139,15 @@ def render_verify(console: Console, result: VerifyResult) -> None:
 
 def verify_command(
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF file to run (default: the bundled SmolLM2-135M-Instruct Q4_1)."),
-    quick: bool = typer.Option(False, "--quick", help="Short settings that finish in under a minute on 2 cores."),
+    quick: bool = flag_option("--quick/--no-quick", "Short settings that finish in under a minute on 2 cores.", default=False),
     threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Engine threads (default: all cores)."),
     prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length for prefill/TTFT (default 512; --quick 128)."),
     decode_tokens: Optional[int] = typer.Option(None, "--decode-tokens", help="Tokens per decode run (default 64; --quick 32)."),
     runs: Optional[int] = typer.Option(None, "--runs", help="Timed runs per measurement, median reported (default 5; --quick 3)."),
     contexts: Optional[str] = typer.Option(None, "--contexts", help="Decode-vs-context sweep, comma-separated (default 128,512,1024,2048,4096; --quick 128,512,1024)."),
-    single_thread: bool = typer.Option(True, "--single-thread/--no-single-thread", help="Also measure with 1 thread."),
+    single_thread: bool = flag_option("--single-thread/--no-single-thread", "Also measure with 1 thread.", default=True),
     array_mib: Optional[int] = typer.Option(None, "--array-mib", help="Size of each bandwidth array in MiB (default 256)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the full result as JSON."),
+    json_output: bool = flag_option("--json/--no-json", "Print the full result as JSON.", default=False),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result JSON here (updated after every stage)."),
 ) -> None:
     """Measure this machine's speed limits, run a real model, and compare with the estimator."""
@@ -195,14 +197,23 @@ def calibrate_command(
     name: str = typer.Option("local", "--name", help="Profile name; then use `--hardware NAME`."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Base hardware whose peaks the fractions refer to "
                                            "(default: the machine measured by verify, else the bench run's hardware)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the profile TOML here instead of the config dir."),
+    force: bool = flag_option("--force/--no-force", "Save the fit even when it predicts the measurements worse than "
+                                                    "the defaults did.", default=False),
+    json_output: bool = flag_option("--json/--no-json", "Print the fit as JSON.", default=False),
 ) -> None:
-    """Fit achievable bandwidth/FLOPs fractions and per-step overhead, and save them as a hardware profile."""
-    from speedlimit.catalog.profiles import profile_path, save_profile
-    from speedlimit.verify.fit import fit_calibration, load_calibration_inputs, profile_record
+    """Fit achievable bandwidth/FLOPs fractions and per-step overhead, and save them as a hardware profile.
+
+    The fit is always printed; it is saved only when it predicts the measurements at least as well as the
+    defaults did (or with --force). A profile that cannot be written is an error after the fit is shown.
+    """
     from speedlimit.catalog import default_efficiency, resolve_hardware
+    from speedlimit.catalog.profiles import profile_path, profiles_dir, save_profile
+    from speedlimit.verify.fit import fit_calibration, load_calibration_inputs, profile_record
 
     profile_path(name)  # validate the name before any work
+    if out is not None and out.is_dir():
+        raise SpeedlimitError(f"--out {out} is a directory; give a file name like {name}.toml")
     points, measured, bench_hardware, notes = load_calibration_inputs(results)
     if hardware is not None:
         base = resolve_hardware(hardware)
@@ -215,25 +226,48 @@ def calibrate_command(
     flops = base.peak_flops("bf16")
     fit = fit_calibration(points, base.memory_bandwidth_Bps, flops, default_efficiency(base))
     fit.notes[:0] = notes
-    path = save_profile(name, profile_record(name, base, fit, [str(p) for p in results]))
+
+    before, after = fit.error_before["all"], fit.error_after["all"]
+    problem: str | None = None
+    path: Path | None = None
+    if before is not None and after is not None and after > before and not force:
+        problem = (f"not saved: the fit predicts these measurements worse than the defaults (mean error {after:.0%} vs "
+                   f"{before:.0%}); check the inputs, or pass --force to save it anyway")
+    else:
+        try:
+            path = save_profile(name, profile_record(name, base, fit, [str(p) for p in results]), out)
+        except OSError as error:
+            target = out or profile_path(name)
+            problem = (f"{write_error(target, error, 'the profile')}; the fit is above: pass --out FILE to write it "
+                       f"elsewhere (a profile is used as --hardware NAME from {profiles_dir()})")
     if json_output:
-        payload = {"profile": name, "path": str(path), "base_hardware": base.key, "bandwidth_Bps": base.memory_bandwidth_Bps,
-                   "flops": fit.flops, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
+        payload = {"profile": name, "path": str(path) if path else None, "saved": path is not None,
+                   "base_hardware": base.key, "bandwidth_Bps": base.memory_bandwidth_Bps,
+                   "flops": fit.flops if fit.flops and math.isfinite(fit.flops) else None, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
                    "step_overhead_s": fit.step_overhead_s, "error_before": fit.error_before, "error_after": fit.error_after,
                    "default_efficiency": fit.before.model_dump(), "points": len(fit.points),
                    "excluded": [point.label for point in fit.excluded], "notes": fit.notes}
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
-        return
-    console = Console()
-    table = Table(title=f"Calibration of {base.name}: peak {_gb(base.memory_bandwidth_Bps)} GB/s, "
-                        f"{_num(flops / 1e9 if flops == flops else None)} GFLOP/s", title_justify="left")
+        sys.stdout.write(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    else:
+        _print_fit(Console(), base, flops, fit)
+    if problem is not None:
+        raise SpeedlimitError(problem)
+    if not json_output:
+        use = f"--hardware {name}" if out is None else f"--hardware {name} after copying it to {profiles_dir()}"
+        Console().print(f"profile saved to {escape(str(path))}\nuse it: speedlimit estimate {escape(use)} --model ...",
+                        highlight=False)
+
+
+def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
+    table = Table(title=escape(f"Calibration of {base.name}: peak {_gb(base.memory_bandwidth_Bps)} GB/s, "
+                               f"{_num(flops / 1e9 if flops == flops else None)} GFLOP/s"), title_justify="left")
     for column in ("step", "source", "measured", "before", "after"):
         table.add_column(column, justify="left" if column in ("step", "source") else "right")
     for point in fit.points:
-        table.add_row(point.label, Path(point.source).name, _ms(point.measured_s), _ms(fit.predicted_s(point, fit.before)),
-                      _ms(fit.predicted_s(point)))
+        table.add_row(escape(point.label), escape(Path(point.source).name), _ms(point.measured_s),
+                      _ms(fit.predicted_s(point, fit.before)), _ms(fit.predicted_s(point)))
     for point in fit.excluded:
-        table.add_row(f"[dim]{point.label} (left out)[/dim]", Path(point.source).name, _ms(point.measured_s),
+        table.add_row(f"[dim]{escape(point.label)} (left out)[/dim]", escape(Path(point.source).name), _ms(point.measured_s),
                       _ms(fit.predicted_s(point, fit.before)), _ms(fit.predicted_s(point)))
     console.print(table)
     fields = Table(show_header=True)
@@ -247,5 +281,4 @@ def calibrate_command(
         fields.add_row(f"mean |error| {kind}", _pct(fit.error_before[kind]), _pct(fit.error_after[kind]))
     console.print(fields)
     for note in fit.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
-    console.print(f"profile saved to {path}\nuse it: speedlimit estimate --hardware {name} --model ...")
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")

@@ -1,7 +1,9 @@
-"""`estimate()`: resolve what the user typed, run the roofline core once, return an `Estimate`.
+"""`estimate()`: resolve a `Scenario` (what the user asked), run the roofline core once, return an `Estimate`.
 
 This is the single source of truth that the CLI, the web API, bench's ``--compare-estimate`` and
 verify's predictions all call; its ``to_dict()`` is exactly what ``speedlimit estimate --json`` prints.
+`resolve` turns a validated scenario into a `StepModel` (architecture, device, cost model, machine): what
+anything pricing steps (estimate, sweep, the curves, the simulator) evaluates.
 """
 
 from __future__ import annotations
@@ -9,21 +11,17 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar, Literal, NamedTuple
 
-import numpy as np
 from speedlimit.architecture import Architecture
 from speedlimit.artifacts import Artifact
 from speedlimit.catalog import default_efficiency, resolve_hardware, resolve_model
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
-from speedlimit.hardware import Efficiency, Hardware
+from speedlimit.hardware import Efficiency, Hardware, custom_hardware
 from speedlimit.precision import Precision, parse_precision
+from speedlimit.scenario import COMPUTE_DTYPES, MAX_BATCH, MAX_TOKENS, MAX_TP, Scenario, scenario_from
 
-# Safety bounds that turn absurd input into an error rather than a silly number.
-MAX_BATCH = 10_000_000
-MAX_TOKENS = 100_000_000
-MAX_TP = 4096
-# The peak-FLOPs columns a matmul can run at (hardware.toml `flops` keys).
-COMPUTE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4", "int4")
+__all__ = ["COMPUTE_DTYPES", "MAX_BATCH", "MAX_TOKENS", "MAX_TP", "Estimate", "StepModel", "estimate",
+           "estimate_scenario", "resolve", "step_model"]
 
 
 class Estimate(Artifact):
@@ -75,24 +73,6 @@ class Estimate(Artifact):
     step_overhead_s: float
     kernels_per_step: float  # kernels one decode step launches (what the default overhead is charged on)
     efficiency_basis: str
-
-
-def _check_count(name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise SpeedlimitError(f"--{name} must be a whole number, got {value!r}")
-    if not math.isfinite(value) or value != int(value):
-        raise SpeedlimitError(f"--{name} must be a whole number, got {value!r}")
-    if not low <= value <= high:
-        raise SpeedlimitError(f"--{name} must be between {low} and {high:,}, got {value:,}")
-    return int(value)
-
-
-def _check_fraction(name: str, value: float | None) -> float | None:
-    if value is None:
-        return None
-    if not math.isfinite(value) or not 0 < value <= 1:
-        raise SpeedlimitError(f"--{name} must be a fraction in (0, 1], got {value}")
-    return value
 
 
 def cost_model(arch: Architecture, weights: Precision | None, kv: Precision) -> tuple[core.CostModel, float]:
@@ -150,8 +130,9 @@ def ideal_cost_model(cost: core.CostModel, arch: Architecture) -> core.CostModel
     )
 
 
-def machine_for(hardware: Hardware, efficiency: Efficiency, compute_dtype: str, tp: int, ideal: bool) -> core.Machine:
-    bw_eff, flops_eff, overhead = (1.0, 1.0, 0.0) if ideal else (efficiency.bw_efficiency, efficiency.flops_efficiency, efficiency.step_overhead_s)
+def machine_for(hardware: Hardware, efficiency: Efficiency, compute_dtype: str, tp: int, ideal: bool, kernels: float = 0.0) -> core.Machine:
+    """The achievable rates of ``tp`` devices; a step launching ``kernels`` kernels costs `Efficiency.overhead_s`."""
+    bw_eff, flops_eff, overhead = (1.0, 1.0, 0.0) if ideal else (efficiency.bw_efficiency, efficiency.flops_efficiency, efficiency.overhead_s(kernels))
     return core.Machine(
         bandwidth_Bps=hardware.memory_bandwidth_Bps * bw_eff,
         flops=hardware.peak_flops(compute_dtype) * flops_eff,
@@ -174,7 +155,7 @@ class StepModel(NamedTuple):
     device: Hardware
     cost: core.CostModel
     machine: core.Machine
-    efficiency: Efficiency
+    efficiency: Efficiency  # achievable fractions, fixed and per-kernel overheads (ignored in ideal mode)
     weights_name: str
     weight_bits: float
     kv_name: str
@@ -182,92 +163,100 @@ class StepModel(NamedTuple):
     tp: int
     ideal: bool
 
+    @property
+    def step_overhead_s(self) -> float:
+        """Fixed cost of one decode step (per-step + per-kernel), as the machine charges it."""
+        return float(self.machine.step_overhead_s)
+
     def kv_budget_bytes(self) -> float:
         """Memory left for KV caches beside the weights, across the tp devices (inf: capacity unknown)."""
         free = float(core.usable_memory_bytes(self.machine) - self.cost.total_weight_bytes)
         return free if math.isfinite(free) else math.inf
 
 
-def step_model(
-    model: str | Architecture,
-    hardware: str | Hardware,
-    *,
-    weights: str | float | None = None,
-    kv: str | float = "fp16",
-    compute: str | None = None,
-    tp: int = 1,
-    ideal: bool = False,
-    bw_efficiency: float | None = None,
-    flops_efficiency: float | None = None,
-    step_overhead_s: float | None = None,
-) -> StepModel:
-    """Resolve a model and hardware (names, paths, sizes or objects) into the step-cost core's inputs."""
-    arch = model if isinstance(model, Architecture) else resolve_model(model)
-    device = hardware if isinstance(hardware, Hardware) else resolve_hardware(hardware)
-    tp = _check_count("tp", tp, 1, MAX_TP)
-    weight_precision = parse_precision(weights, what="weights") if weights is not None else None
-    kv_precision = parse_precision(kv, what="kv")
+def resolve(scenario: Scenario) -> StepModel:
+    """Look up the model and hardware a scenario names, check they go together, and build its cost model and machine."""
+    arch = scenario.model if isinstance(scenario.model, Architecture) else resolve_model(scenario.model)
+    device = _hardware(scenario)
+    _check_tensor_parallel(arch, scenario.tp)
+    weights = parse_precision(scenario.weights, what="weights") if scenario.weights is not None else None
+    kv = parse_precision(scenario.kv, what="kv")
     defaults = default_efficiency(device)
-    if step_overhead_s is not None and (not math.isfinite(step_overhead_s) or not 0 <= step_overhead_s <= 1):
-        raise SpeedlimitError(f"--step-overhead must be between 0 and 1 second, got {step_overhead_s}")
+    overridden = (scenario.bw_efficiency, scenario.flops_efficiency, scenario.step_overhead_s) != (None, None, None)
     efficiency = Efficiency(
-        bw_efficiency=_check_fraction("bw-efficiency", bw_efficiency) or defaults.bw_efficiency,
-        flops_efficiency=_check_fraction("flops-efficiency", flops_efficiency) or defaults.flops_efficiency,
+        bw_efficiency=scenario.bw_efficiency or defaults.bw_efficiency,
+        flops_efficiency=scenario.flops_efficiency or defaults.flops_efficiency,
         # an explicit overhead is the whole per-step cost; otherwise fixed + per-kernel defaults
-        step_overhead_s=defaults.overhead_s(arch.decode_kernels) if step_overhead_s is None else step_overhead_s,
-        basis=defaults.basis if bw_efficiency is None and flops_efficiency is None and step_overhead_s is None else "overridden",
+        step_overhead_s=defaults.step_overhead_s if scenario.step_overhead_s is None else scenario.step_overhead_s,
+        kernel_overhead_s=defaults.kernel_overhead_s if scenario.step_overhead_s is None else 0.0,
+        basis="overridden" if overridden else defaults.basis,
     )
-    cost, bits = cost_model(arch, weight_precision, kv_precision)
-    weights_name = weight_precision.name if weight_precision else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
-    compute_dtype = weight_precision.compute_dtype if weight_precision else "bf16"
-    if compute is not None:
-        compute_dtype = str(compute).strip().lower()
-        if compute_dtype not in COMPUTE_DTYPES:
-            raise SpeedlimitError(f"--compute must be one of {', '.join(COMPUTE_DTYPES)}, got {compute!r}")
-    if ideal:
+    cost, bits = cost_model(arch, weights, kv)
+    weights_name = weights.name if weights else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
+    compute_dtype = scenario.compute or (weights.compute_dtype if weights else "bf16")
+    if scenario.ideal:
         cost = ideal_cost_model(cost, arch)
-    machine = machine_for(device, efficiency, compute_dtype, tp, ideal)
-    return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv_precision.name, compute_dtype, tp, ideal)
+    machine = machine_for(device, efficiency, compute_dtype, scenario.tp, scenario.ideal, arch.decode_kernels)
+    return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv.name, compute_dtype, scenario.tp, scenario.ideal)
 
 
-def estimate(
-    model: str | Architecture,
-    hardware: str | Hardware,
-    *,
-    weights: str | float | None = None,
-    kv: str | float = "fp16",
-    compute: str | None = None,
-    batch: int = 1,
-    prompt: int = 512,
-    output: int = 256,
-    tp: int = 1,
-    ideal: bool = False,
-    bw_efficiency: float | None = None,
-    flops_efficiency: float | None = None,
-    step_overhead_s: float | None = None,
-    usd_per_hour: float | None = None,
-) -> Estimate:
+def step_model(model: str | Architecture, hardware: str | Hardware | None = None, **inputs: Any) -> StepModel:
+    """Resolve a model and hardware (names, paths, sizes or objects) into the step-cost core's inputs.
+
+    ``inputs``: the `Scenario` fields that shape a step (weights, kv, compute, tp, ideal, efficiencies, ...).
+    """
+    return resolve(scenario_from(model=model, hardware=hardware, **inputs))
+
+
+def _hardware(scenario: Scenario) -> Hardware:
+    if scenario.bandwidth is not None:
+        return custom_hardware(scenario.bandwidth, scenario.flops, scenario.memory)
+    if isinstance(scenario.hardware, Hardware):
+        return scenario.hardware
+    if scenario.profile is not None:
+        from speedlimit.catalog.profiles import load_profile_hardware
+
+        profile = load_profile_hardware(scenario.profile)
+        if profile is None:
+            raise SpeedlimitError(f"no calibrated profile {scenario.profile!r}: `speedlimit calibrate --name {scenario.profile}` writes one")
+        return profile
+    return resolve_hardware(scenario.hardware)
+
+
+def _check_tensor_parallel(arch: Architecture, tp: int) -> None:
+    """Tensor parallelism splits attention heads across devices: they must divide (KV heads may be replicated)."""
+    if tp <= 1 or not arch.n_heads:
+        return
+    if arch.n_heads % tp:
+        raise SpeedlimitError(f"--tp {tp} does not divide {arch.name}'s {arch.n_heads} attention heads; "
+                              f"use a divisor of {arch.n_heads}")
+    if arch.n_kv_heads and arch.n_kv_heads % tp and tp % arch.n_kv_heads:
+        raise SpeedlimitError(f"--tp {tp} cannot split or replicate {arch.name}'s {arch.n_kv_heads} KV heads; "
+                              f"use a divisor or multiple of {arch.n_kv_heads}")
+
+
+def estimate(model: str | Architecture, hardware: str | Hardware | None = None, **inputs: Any) -> Estimate:
     """Predict decode/prefill speed, latency, throughput and memory for one configuration.
 
     ``model``: catalog name, path to config.json or .gguf, bare size ("7B"), or an `Architecture`.
-    ``hardware``: catalog name, calibrated profile name, or a `Hardware`. ``weights``: bits or a
-    format name; None means the GGUF file's exact bytes, else bf16. ``compute``: the FLOPs column the
-    matmuls run at (default: bf16, or fp8/fp32 for those weights). ``ideal``: the seed formula.
+    ``hardware``: catalog name, calibrated profile name, or a `Hardware` (or give ``bandwidth=``). The other
+    keyword arguments are the `Scenario` fields (weights, kv, compute, batch, prompt, output, tp, ideal,
+    bw_efficiency, flops_efficiency, step_overhead_s, usd_per_hour, ...); bad ones raise `SpeedlimitError`.
     """
-    batch = _check_count("batch", batch, 1, MAX_BATCH)
-    prompt = _check_count("prompt", prompt, 0, MAX_TOKENS)
-    output = _check_count("output", output, 1, MAX_TOKENS)
-    if usd_per_hour is not None and (not math.isfinite(usd_per_hour) or usd_per_hour < 0):
-        raise SpeedlimitError(f"--usd-per-hour must be a non-negative number, got {usd_per_hour}")
-    resolved = step_model(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal,
-                          bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead_s)
+    return estimate_scenario(scenario_from(model=model, hardware=hardware, **inputs))
+
+
+def estimate_scenario(scenario: Scenario) -> Estimate:
+    """`estimate` of an already validated `Scenario`."""
+    resolved = resolve(scenario)
     arch, device, cost, machine, efficiency = resolved.arch, resolved.device, resolved.cost, resolved.machine, resolved.efficiency
-    weights_name, bits, compute_dtype, tp = resolved.weights_name, resolved.weight_bits, resolved.compute_dtype, resolved.tp
-    kv_name = resolved.kv_name
+    batch, prompt, output, tp, ideal = scenario.batch, scenario.prompt, scenario.output, scenario.tp, scenario.ideal
 
     end_context = prompt + output
     reply = core.reply_decode(cost, machine, batch, prompt, output)
     itl, step_bytes, step_flops = float(reply.itl_s), float(reply.step_bytes), float(reply.step_flops)
+    if not (math.isfinite(itl) and itl > 0):
+        raise SpeedlimitError(f"{arch.name} on {device.name} gives no finite step time (ITL {itl}): check the sizes given")
     mid_context = prompt + output / 2
     ttft = _finite_or_none(core.prefill_seconds(cost, machine, batch, prompt))
     if ideal and not math.isfinite(machine.flops):
@@ -277,14 +266,14 @@ def estimate(
     capacity = _finite_or_none(core.usable_memory_bytes(machine))
     throughput = batch / itl
     cost_per_m = None
-    if usd_per_hour is not None:
-        cost_per_m = usd_per_hour * tp / 3600.0 / throughput * 1e6
+    if scenario.usd_per_hour is not None:
+        cost_per_m = scenario.usd_per_hour * tp / 3600.0 / throughput * 1e6
     return Estimate(
         model=arch.name,
         hardware=device.name,
-        weights=weights_name,
-        weight_bits=bits,
-        kv=kv_name,
+        weights=resolved.weights_name,
+        weight_bits=resolved.weight_bits,
+        kv=resolved.kv_name,
         mode="ideal" if ideal else "full",
         batch=batch,
         prompt=prompt,
@@ -313,10 +302,10 @@ def estimate(
         tp_comm_s=float(core.allreduce_seconds(cost, machine, batch)),
         usd_per_million_tokens=cost_per_m,
         bandwidth_Bps=device.memory_bandwidth_Bps,
-        flops=_finite_or_none(device.peak_flops(compute_dtype)),
+        flops=_finite_or_none(device.peak_flops(resolved.compute_dtype)),
         bw_efficiency=1.0 if ideal else efficiency.bw_efficiency,
         flops_efficiency=1.0 if ideal else efficiency.flops_efficiency,
-        step_overhead_s=0.0 if ideal else efficiency.step_overhead_s,
+        step_overhead_s=0.0 if ideal else resolved.step_overhead_s,
         kernels_per_step=arch.decode_kernels,
         efficiency_basis="ideal: peak bandwidth and FLOPs, weights only" if ideal else efficiency.basis,
     )

@@ -22,8 +22,10 @@ import numpy as np
 from speedlimit.architecture import Architecture
 from speedlimit.catalog import resolve_hardware, resolve_model
 from speedlimit.estimator import core
-from speedlimit.estimator.api import MAX_BATCH, Estimate, estimate, step_model
+from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator.api import Estimate, StepModel, estimate_scenario, resolve
 from speedlimit.hardware import Hardware
+from speedlimit.scenario import MAX_BATCH, scenario_from
 
 KNEE_ELASTICITY = 0.5
 #: Largest batch a curve shows when the device capacity is unknown or not even batch 1 fits.
@@ -63,26 +65,28 @@ def find_batch_knee(batches: list[int], throughput_tok_s: list[float]) -> int | 
 
 def batch_curve(
     model: str | Architecture,
-    hardware: str | Hardware,
+    hardware: str | Hardware | None = None,
     *,
     batches: list[int] | None = None,
-    **estimate_kwargs: Any,
+    **inputs: Any,
 ) -> dict[str, Any]:
-    """The current estimate plus the curve across batch sizes.
+    """The current estimate plus the curve across batch sizes (``inputs``: the `Scenario` fields).
 
     Returns ``{"estimate": Estimate.to_dict(), "points": [{batch, decode_tok_s, itl_s,
     throughput_tok_s, memory_bytes, fits, regime}], "knee_batch": int | None, "critical_batch": ...}``.
     """
     arch = model if isinstance(model, Architecture) else resolve_model(model)
-    device = hardware if isinstance(hardware, Hardware) else resolve_hardware(hardware)
-    current = estimate(arch, device, **estimate_kwargs)  # validates every input
+    device = hardware if hardware is None or isinstance(hardware, Hardware) else resolve_hardware(hardware)
+    scenario = scenario_from(model=arch, hardware=device, **inputs)  # validates every input
+    current = estimate_scenario(scenario)
     if batches is None:
         batches = curve_batches(current.batch, current.max_batch)
     else:
-        for b in batches:  # same bounds as estimate()
-            estimate(arch, device, **{**estimate_kwargs, "batch": b, "output": current.output})
-        batches = sorted({int(b) for b in batches})
-    points = _curve_points(arch, device, current, estimate_kwargs, np.asarray(batches, dtype=float))
+        for b in batches:  # same bounds as a scenario's batch
+            if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH:
+                raise SpeedlimitError(f"every batch must be a whole number from 1 to {MAX_BATCH:,}, got {b!r}")
+        batches = sorted(set(batches))
+    points = _curve_points(resolve(scenario), current, np.asarray(batches, dtype=float))
     knee = find_batch_knee([p["batch"] for p in points], [p["throughput_tok_s"] for p in points])
     return {
         "estimate": current.to_dict(),
@@ -94,11 +98,7 @@ def batch_curve(
     }
 
 
-_STEP_MODEL_KEYS = ("weights", "kv", "compute", "tp", "ideal", "bw_efficiency", "flops_efficiency", "step_overhead_s")
-
-
-def _curve_points(arch: Architecture, device: Hardware, current: Estimate, kwargs: dict[str, Any], batch: np.ndarray) -> list[dict[str, Any]]:
-    resolved = step_model(arch, device, **{k: v for k, v in kwargs.items() if k in _STEP_MODEL_KEYS})
+def _curve_points(resolved: StepModel, current: Estimate, batch: np.ndarray) -> list[dict[str, Any]]:
     cost, machine = resolved.cost, resolved.machine
     prompt, output = current.prompt, current.output
     reply = core.reply_decode(cost, machine, batch, prompt, output)

@@ -6,18 +6,27 @@ grid (no Python loop per configuration). `sweep_grid` returns flat columns ready
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TextIO
 
 import numpy as np
 
 from speedlimit.architecture import Architecture
-from speedlimit.catalog import default_efficiency, resolve_hardware, resolve_model
+from speedlimit.catalog import resolve_hardware, resolve_model
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
-from speedlimit.estimator.api import MAX_BATCH, MAX_TOKENS, MAX_TP, cost_model, ideal_cost_model, machine_for
+from speedlimit.estimator.api import resolve
 from speedlimit.hardware import Hardware
 from speedlimit.precision import parse_precision
+from speedlimit.scenario import MAX_BATCH, MAX_TOKENS, scenario_from
+
+# Configurations one vectorized evaluation may hold in memory (a few dozen float arrays of this length), and
+# rows one sweep may write (200,000 rows are ~30 MB of CSV and about a second of formatting on 2 cores).
+MAX_GRID_CONFIGS = 2_000_000
+MAX_SWEEP_ROWS = 200_000
 
 SWEEP_COLUMNS = (
     "model",
@@ -50,6 +59,49 @@ class SweepResult:
         for values in zip(*(self.columns[n] for n in names)):
             yield dict(zip(names, (v.item() if hasattr(v, "item") else v for v in values)))
 
+    def write_csv(self, stream: TextIO, chunk_rows: int = 65536) -> None:
+        """The rows as CSV (header first), written in chunks without a Python object per cell."""
+        names = list(self.columns)
+        stream.write(",".join(names) + "\n")
+        for start in range(0, len(self), chunk_rows):
+            cells = [_csv_cells(self.columns[name][start : start + chunk_rows]) for name in names]
+            stream.write("\n".join(map(",".join, zip(*cells))) + "\n")
+
+    def write_json(self, stream: TextIO, chunk_rows: int = 65536) -> None:
+        """The rows as one JSON array of objects (NaN/inf as null, so it is valid JSON)."""
+        names = list(self.columns)
+        stream.write("[")
+        for start in range(0, len(self), chunk_rows):
+            cells = [_json_cells(self.columns[name][start : start + chunk_rows]) for name in names]
+            keys = [json.dumps(name) + ": " for name in names]
+            rows = ("{" + ", ".join(k + v for k, v in zip(keys, row)) + "}" for row in zip(*cells))
+            stream.write((", " if start else "") + ", ".join(rows))
+        stream.write("]\n")
+
+
+def _csv_cells(column: np.ndarray) -> list[str]:
+    if column.dtype.kind == "f":
+        return [repr(v) for v in column.tolist()]  # repr: the shortest text that reads back to the same float
+    if column.dtype.kind in "iub":
+        return [str(v) for v in column.tolist()]
+    quoted = {value: _csv_quote(str(value)) for value in set(column.tolist())}  # few distinct names
+    return [quoted[v] for v in column.tolist()]
+
+
+def _csv_quote(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\r\n') else text
+
+
+def _json_cells(column: np.ndarray) -> list[str]:
+    if column.dtype.kind == "f":
+        return [repr(v) if math.isfinite(v) else "null" for v in column.tolist()]
+    if column.dtype.kind == "b":
+        return ["true" if v else "false" for v in column.tolist()]
+    if column.dtype.kind in "iu":
+        return [str(v) for v in column.tolist()]
+    quoted = {value: json.dumps(str(value)) for value in set(column.tolist())}
+    return [quoted[v] for v in column.tolist()]
+
 
 def _stack(records: Sequence[tuple], shape: tuple[int, ...]):
     """NamedTuples of floats → one NamedTuple of arrays reshaped for broadcasting."""
@@ -66,6 +118,18 @@ def _check_axis(name: str, values: Sequence[float], low: float, high: float) -> 
     return array
 
 
+def check_grid_size(*axes: Sequence[Any], limit: int = MAX_SWEEP_ROWS) -> int:
+    """Rows of the grid over ``axes``; an error before any work when the grid has more than ``limit``."""
+    rows = 1
+    for axis in axes:
+        rows *= len(axis)
+    if rows > limit:
+        sizes = " × ".join(f"{len(axis):,}" for axis in axes)
+        raise SpeedlimitError(f"the sweep grid has {sizes} = {rows:,} rows, more than {limit:,}: "
+                              "split it into several sweeps or use fewer values per axis")
+    return rows
+
+
 def sweep_arrays(
     models: Sequence[Architecture],
     hardware: Sequence[Hardware],
@@ -78,27 +142,25 @@ def sweep_arrays(
     tp: int = 1,
     ideal: bool = False,
 ) -> dict[str, np.ndarray]:
-    """The grid as arrays of shape (models·weights, hardware, batch, context)."""
-    precisions = [parse_precision(w) for w in weights]
-    kv_precision = parse_precision(kv, what="kv")
-    tp = int(_check_axis("tp", [tp], 1, MAX_TP)[0])
+    """The grid as arrays of shape (models·weights, hardware, batch, context).
+
+    Each model × weights × hardware cell is a `Scenario` resolved like a single estimate (same validation, cost
+    model and machine); batch and context are the broadcast axes.
+    """
+    for name, axis in (("model", models), ("hardware", hardware), ("weights", weights)):
+        if not axis:
+            raise SpeedlimitError(f"sweep needs at least one {name}")
+    check_grid_size(models, hardware, weights, batches, contexts, limit=MAX_GRID_CONFIGS)
     batch = _check_axis("batch", batches, 1, MAX_BATCH).reshape(1, 1, -1, 1)
     context = _check_axis("context", contexts, 0, MAX_TOKENS).reshape(1, 1, 1, -1)
-    costs, dtypes, kernels = [], [], []
-    for arch in models:
-        for precision in precisions:
-            cost, _ = cost_model(arch, precision, kv_precision)
-            costs.append(ideal_cost_model(cost, arch) if ideal else cost)
-            dtypes.append(precision.compute_dtype)
-            kernels.append(arch.decode_kernels)
-    cost = _stack(costs, (-1, 1, 1, 1))
-    efficiencies = [default_efficiency(h) for h in hardware]
-    machines = [
-        machine_for(h, e.model_copy(update={"step_overhead_s": e.overhead_s(k)}), dtype, tp, ideal)
-        for dtype, k in zip(dtypes, kernels)
-        for h, e in zip(hardware, efficiencies)
+    cells = [
+        [resolve(scenario_from(model=arch, hardware=device, weights=w, kv=kv, tp=tp, ideal=ideal, output=output))
+         for device in hardware]
+        for arch in models
+        for w in weights
     ]
-    machine = _stack(machines, (len(costs), len(hardware), 1, 1))
+    cost = _stack([row[0].cost for row in cells], (-1, 1, 1, 1))  # a cost model does not depend on the device
+    machine = _stack([cell.machine for row in cells for cell in row], (len(cells), len(hardware), 1, 1))
     reply = core.reply_decode(cost, machine, batch, context, output)
     itl = reply.itl_s
     memory = cost.total_weight_bytes + core.kv_cache_bytes(cost, batch, context + output)
@@ -127,6 +189,7 @@ def sweep_grid(
     ideal: bool = False,
 ) -> SweepResult:
     """Resolve names, evaluate the grid, and flatten it to one row per configuration."""
+    check_grid_size(models, hardware, weights, batches, contexts)
     archs = [resolve_model(m) for m in models]
     devices = [resolve_hardware(h) for h in hardware]
     arrays = sweep_arrays(archs, devices, weights, batches, contexts, output=output, kv=kv, tp=tp, ideal=ideal)

@@ -154,6 +154,16 @@ def _split_outliers(points: list[CalibrationPoint], predict: Any) -> tuple[list[
 
 def fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float | None,
                     before: Efficiency) -> CalibrationFit:
+    """`_fit_calibration`, with measurements the step model cannot describe as one line, not a traceback."""
+    try:
+        return _fit_calibration(points, bandwidth_Bps, flops, before)
+    except (ArithmeticError, ValueError) as error:  # a degenerate fit: 1/0, overflow, an efficiency out of (0, 1]
+        message = pydantic_message(error) if isinstance(error, ValidationError) else str(error)
+        raise SpeedlimitError(f"the measurements cannot be fitted ({message}); are they from one machine and model?") from None
+
+
+def _fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float | None,
+                     before: Efficiency) -> CalibrationFit:
     """Fit bw_efficiency and step_overhead_s to decode points, flops_efficiency to prefill points.
 
     Points far off a first fit (see `OUTLIER_RELATIVE_ERROR`) are left out, refitted without, and listed
@@ -276,12 +286,15 @@ def load_calibration_inputs(paths: list[Path]) -> tuple[list[CalibrationPoint], 
             if not result.complete:
                 notes.append(f"{path} is an incomplete verify run: using the {len(found)} points it has")
             if measured is None and result.measured_bandwidth_Bps:
-                measured = Hardware(
-                    key="this-machine", name=f"{result.machine.cpu or 'this machine'} (measured)",
-                    vendor="measured", kind="cpu", memory_bandwidth_Bps=result.measured_bandwidth_Bps,
-                    memory_bytes=result.machine.memory_bytes,
-                    flops={"fp32": result.measured_flops} if result.measured_flops else {},
-                    source=f"speedlimit verify ({path})")
+                try:
+                    measured = Hardware(
+                        key="this-machine", name=f"{result.machine.cpu or 'this machine'} (measured)",
+                        vendor="measured", kind="cpu", memory_bandwidth_Bps=result.measured_bandwidth_Bps,
+                        memory_bytes=result.machine.memory_bytes,
+                        flops={"fp32": result.measured_flops} if result.measured_flops else {},
+                        source=f"speedlimit verify ({path})")
+                except ValidationError as error:
+                    raise SpeedlimitError(f"{path}: the measured machine is unusable ({pydantic_message(error)})") from None
         elif "estimate" in data or "points" in data or "itl_s" in data:
             found, hardware = points_from_bench(load_summary_data(data, str(path)), str(path))
             bench_hardware = bench_hardware or hardware

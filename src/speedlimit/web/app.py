@@ -29,14 +29,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from speedlimit.architecture import Architecture, architecture_from_hf_config
-from speedlimit.catalog import hardware_entries, model_entries, resolve_hardware, resolve_model
+from speedlimit.catalog import hardware_entries, model_entries, resolve_model
 from speedlimit.errors import SpeedlimitError
-from speedlimit.estimator.api import estimate
+from speedlimit.estimator.api import estimate_scenario
 from speedlimit.estimator.curves import batch_curve, roofline
 from speedlimit.web.limits import MAX_BODY_BYTES, BodySizeLimit, web_wording
+from speedlimit.scenario import SCENARIO_FIELDS, Scenario, scenario_from
 
 STATIC_DIR = Path(str(resources.files("speedlimit.web").joinpath("static")))
 SWAGGER_UI_DIR = Path(str(resources.files("fastapi_offline").joinpath("static")))  # Swagger UI 5 from the wheel
@@ -44,27 +45,16 @@ MAX_CURVE_POINTS = 200
 MAX_MODEL_NAME_CHARS = 300
 
 
-class EstimateRequest(BaseModel):
-    """One configuration, named as on the `speedlimit estimate` command line."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+class EstimateRequest(Scenario):
+    """One configuration: the `Scenario` fields, named as on the `speedlimit estimate` command line, plus a pasted config."""
 
     model: str | None = Field(None, description="Catalog name or alias, or a size like 7B. Optional when `config` is given (then it names it).")
-    hardware: str = Field(..., description="Catalog hardware name or calibrated profile name.")
-    weights: str | float | None = Field(None, description="Weight format: bits (16, 8, 4) or bf16/fp8/int8/int4/nf4/q4_0/q8_0/q4_k_m…")
-    kv: str | float = Field("fp16", description="KV-cache format: fp16, bf16, fp8, int8, int4, q8_0…")
-    batch: int = Field(1, description="Concurrent sequences.")
-    prompt: int = Field(512, description="Prompt tokens per sequence.")
-    output: int = Field(256, description="Generated tokens per sequence.")
-    tp: int = Field(1, description="Tensor-parallel devices.")
-    ideal: bool = Field(False, description="The seed formula: peak bandwidth ÷ weight bytes, nothing else.")
-    bw_efficiency: float | None = Field(None, description="Achievable fraction of peak bandwidth (0-1].")
-    flops_efficiency: float | None = Field(None, description="Achievable fraction of peak FLOP/s (0-1].")
-    usd_per_hour: float | None = Field(None, description="Price per device-hour, for cost per million tokens.")
+    hardware: str | None = Field(None, description="Catalog hardware name or calibrated profile name (or give `bandwidth`).")
     config: dict[str, Any] | None = Field(None, description="A pasted Hugging Face config.json (object) instead of a catalog model.")
 
-    def estimate_kwargs(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"model", "hardware", "config"})
+    def scenario(self, model: Architecture | str) -> Scenario:
+        """The request as a `Scenario` of ``model`` (the pasted config or the catalog name)."""
+        return scenario_from(**{**self.model_dump(include=set(SCENARIO_FIELDS)), "model": model})
 
 
 class CurveRequest(EstimateRequest):
@@ -95,7 +85,7 @@ def _readable_validation_error(error: RequestValidationError) -> str:
     parts = []
     for item in error.errors():
         location = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"
-        message = item.get("msg", "invalid")
+        message = web_wording(str(item.get("msg", "invalid")).removeprefix("Value error, "))  # Scenario says --flags
         if item.get("type") == "json_invalid":
             location, message = "body", f"not valid JSON ({item.get('ctx', {}).get('error', 'parse error')})"
         elif item.get("type") == "extra_forbidden":
@@ -194,16 +184,15 @@ def create_app() -> FastAPI:
 
     @app.post("/api/estimate", summary="Estimate one configuration (what `speedlimit estimate --json` prints)")
     def estimate_endpoint(request: EstimateRequest) -> dict[str, Any]:
-        return _finite_json(estimate(web_model(request), resolve_hardware(request.hardware), **request.estimate_kwargs()).to_dict())
+        return _finite_json(estimate_scenario(request.scenario(web_model(request))).to_dict())
 
     @app.post("/api/curve", summary="The estimate, its batch curve with the knee, and its roofline")
     def curve_endpoint(request: CurveRequest) -> dict[str, Any]:
         if request.batches is not None and not 1 <= len(request.batches) <= MAX_CURVE_POINTS:
             raise SpeedlimitError(f"batches must list 1 to {MAX_CURVE_POINTS} batch sizes")
-        model = web_model(request)
-        kwargs = request.estimate_kwargs()
-        kwargs.pop("batches")
-        result = batch_curve(model, resolve_hardware(request.hardware), batches=request.batches, **kwargs)
+        scenario = request.scenario(web_model(request))
+        inputs = scenario.model_dump(exclude={"model", "hardware"})
+        result = batch_curve(scenario.model, scenario.hardware, batches=request.batches, **inputs)
         result["roofline"] = roofline(result["estimate"])
         return _finite_json(result)
 

@@ -1,0 +1,78 @@
+"""Typer options derived from `speedlimit.scenario.Scenario`, and the CLI's spelling of boolean flags.
+
+`scenario_options("model", "batch", ...)` adds those Scenario fields to a command as options, with the flag
+names, help text and defaults the Scenario declares; the command receives what was typed as one dict,
+``inputs``, to pass to `scenario_from`. So an input is described once, in the Scenario, for the CLI, the web
+and the Python API alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any, get_args, get_origin
+
+import typer
+
+from speedlimit.scenario import Flag, Scenario
+
+
+def flag_option(names: str, help: str, *, default: bool | None = None) -> Any:
+    """A boolean ``--flag/--no-flag`` option, shown without a ``<bool>`` value (it takes none).
+
+    Inside ``Annotated[bool, ...]`` leave ``default`` out; as a parameter's default value, give it.
+    """
+    if default is None:
+        return typer.Option(names, metavar="", help=help)
+    return typer.Option(default, names, metavar="", help=help)
+
+
+def _annotation(field: str, flag: Flag, required: bool) -> Any:
+    """The type typer parses the option as: text for quantities and names (the Scenario parses them)."""
+    annotation = Scenario.model_fields[field].annotation
+    if get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    plain = [arg for arg in (get_args(annotation) or (annotation,)) if arg is not type(None)]
+    if flag.text:
+        return str if required else str | None
+    kind = next((arg for arg in plain if arg in (bool, int, float)), str)
+    return kind if required or kind is bool else kind | None
+
+
+def scenario_option(field: str, *, override_help: str | None = None) -> inspect.Parameter:
+    """The typer parameter for one Scenario field."""
+    info = Scenario.model_fields[field]
+    flag = next(m for m in info.metadata if isinstance(m, Flag))
+    required = info.is_required()
+    annotation = _annotation(field, flag, required)
+    help_text = override_help or info.description or ""
+    if annotation is bool:
+        option = flag_option(f"{flag.names[0]}/--no-{flag.names[0].removeprefix('--')}", help_text)
+        default = bool(info.default)
+    else:
+        option = typer.Option(*flag.names, help=help_text, show_default=info.default is not None)
+        default = inspect.Parameter.empty if required else info.default
+    return inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[annotation, option])
+
+
+def scenario_options(*fields: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: add the Scenario ``fields`` as options before the command's own; it gets them as ``inputs``."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = inspect.signature(command, eval_str=True)
+        rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values() if p.name != "inputs"]
+        added = [scenario_option(field) for field in fields]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            inputs = {field: kwargs.pop(field) for field in fields}
+            return command(inputs=inputs, **kwargs)
+
+        parameters = added + rest
+        wrapper.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+        return wrapper
+
+    return decorate

@@ -1,0 +1,578 @@
+"""Every command against hostile input: exit 0 or 2, never a traceback, within seconds and bounded memory.
+
+One mechanism for the whole CLI (issue 10): `invoke` drives the real console entry point (`speedlimit.cli.main`,
+which maps `SpeedlimitError` to ``error: ...`` and exit 2) in-process, `subprocess_run` does the same in a child
+process with an address-space limit, and `check` asserts the contract on what came back. Hypothesis generates
+arguments and hostile files (config.json, GGUF headers written with the `gguf` package, verify results and bench
+summaries, requests.jsonl, profile TOML); every input reported in issue 10 is also a named case below.
+
+Nothing here starts a model or a server: bench targets an unreachable port, verify and serve get only flags that
+fail validation. Cases that fail only because of another area's open item are ``xfail(strict=True)`` naming it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from speedlimit import cli
+from speedlimit.catalog import hardware_names, model_names
+
+CASE_LIMIT_S = 10.0  # a hang detector, not a timing claim (those live in benchmarks/)
+MEMORY_LIMIT_BYTES = 2 * 2**30  # the child's address space: reading a 3 GB file whole must fail loudly
+# 40 examples per generated test keep the module under a minute; SPEEDLIMIT_FUZZ_EXAMPLES=1000 digs deeper.
+FUZZ = settings(max_examples=int(os.environ.get("SPEEDLIMIT_FUZZ_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+UNREACHABLE_URL = "http://127.0.0.1:9/v1"  # the discard port: nothing listens there
+LLAMA_CONFIG = {
+    "model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 4096,
+}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# the mechanism
+
+
+@dataclass
+class Outcome:
+    code: int | str  # "traceback" when an exception escaped main()
+    out: str
+    err: str
+    seconds: float
+    argv: tuple[str, ...]
+
+
+def invoke(*argv: str) -> Outcome:
+    """`speedlimit ARGV` through the console entry point, in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    saved = sys.argv
+    sys.argv = ["speedlimit", *argv]
+    start = time.perf_counter()
+    code: int | str
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            cli.main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the point: anything escaping main() is a bug
+        code = "traceback"
+        err.write(traceback.format_exc())
+    finally:
+        sys.argv = saved
+    return Outcome(code, out.getvalue(), err.getvalue(), time.perf_counter() - start, argv)
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+
+
+def subprocess_run(*argv: str, env: dict[str, str] | None = None) -> Outcome:
+    """`speedlimit ARGV` as a user runs it: a child process, here with a 2 GiB address-space limit."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "speedlimit.cli", *argv], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})}, preexec_fn=_limit_memory)
+    return Outcome(done.returncode, done.stdout, done.stderr, time.perf_counter() - start, argv)
+
+
+def _no_nan(text: str) -> None:
+    raise AssertionError(f"output JSON holds {text}")
+
+
+def check(outcome: Outcome, *, codes: tuple[int, ...] = (0, 2), needle: str | None = None) -> Outcome:
+    """The contract: an allowed exit code, no traceback, one ``error:`` line (or click's usage box), in time."""
+    where = f"speedlimit {' '.join(a[:80] for a in outcome.argv)[:600]}"
+    assert outcome.code in codes, f"{where}: exit {outcome.code}\n{outcome.err[-3000:]}"
+    assert "Traceback" not in outcome.err, f"{where}:\n{outcome.err[-3000:]}"
+    assert outcome.seconds < CASE_LIMIT_S, f"{where}: took {outcome.seconds:.1f} s"
+    if outcome.code == 2:
+        lines = outcome.err.strip().splitlines()
+        usage = any("Usage:" in line for line in lines)
+        assert usage or (len(lines) == 1 and lines[0].startswith("error: ")), f"{where}: stderr {outcome.err[-2000:]!r}"
+        if needle is not None:
+            assert needle in outcome.err, f"{where}: {needle!r} not in {outcome.err!r}"
+    switches = [a for a in outcome.argv if a in ("--json", "--no-json")]
+    if outcome.code == 0 and switches[-1:] == ["--json"] and "--help" not in outcome.argv and outcome.out.strip():
+        json.loads(outcome.out, parse_constant=_no_nan)  # never NaN/Infinity: not JSON
+    return outcome
+
+
+def rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def address_space_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Profiles in a fresh config dir; a case may not map 2 GiB more (it fails with MemoryError instead of
+    exhausting a shared machine) nor grow this process's resident memory by more than 1 GiB."""
+    monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path / "config"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = address_space_bytes() + MEMORY_LIMIT_BYTES
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+    before = rss_bytes()
+    try:
+        yield tmp_path
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert rss_bytes() - before < 2**30, "a case grew the test process by more than 1 GiB"
+
+
+# --------------------------------------------------------------------------------------------
+# hostile values and files
+
+NUMBERS = st.one_of(
+    st.integers(-(10**15), 10**15).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["0", "-0", "1e-300", "1e308", "nan", "inf", "-inf", "1e2", "0x10", "1_000", " 7 ", "", "3.5"]),
+)
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+NAMES = st.one_of(st.sampled_from(model_names() + hardware_names()), TEXT,
+                  st.sampled_from(["[red]x[/red]", "<script>alert(1)</script>", "../../etc/passwd", "~nouser/x", "7B", "1e20",
+                                   "0.0000001B", "local", "-", "--help", "x" * 5000]))
+FORMATS = st.one_of(st.sampled_from(["16", "8", "4", "bf16", "fp8", "q4_k_m", "q8_0", "nf4", "0.001", "65", "q9_9", ",", "true"]), TEXT)
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True), TEXT),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)),
+    max_leaves=8,
+)
+
+ESTIMATE_VALUE_FLAGS = {
+    "--hardware": NAMES, "--profile": NAMES, "--bandwidth": NUMBERS, "--flops": NUMBERS, "--memory": NUMBERS,
+    "--weights": FORMATS, "--kv": FORMATS, "--compute": st.one_of(st.sampled_from(["bf16", "fp8", "fp7"]), TEXT),
+    "--batch": NUMBERS, "--prompt": NUMBERS, "--output": NUMBERS, "--tp": NUMBERS, "--bw-efficiency": NUMBERS,
+    "--flops-efficiency": NUMBERS, "--step-overhead": NUMBERS, "--usd-per-hour": NUMBERS,
+}  # fmt: skip
+ESTIMATE_SWITCHES = ["--ideal", "--no-ideal", "--allow-no-fit", "--json"]
+
+
+@st.composite
+def estimate_argv(draw: st.DrawFn) -> list[str]:
+    argv = ["estimate", "--model", draw(NAMES)]
+    for flag in draw(st.lists(st.sampled_from(sorted(ESTIMATE_VALUE_FLAGS)), max_size=5)):
+        argv += [flag, draw(ESTIMATE_VALUE_FLAGS[flag])]
+    argv += draw(st.lists(st.sampled_from(ESTIMATE_SWITCHES), max_size=2))
+    return argv
+
+
+def write_config(path: Path, config: object) -> Path:
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def write_gguf(path: Path, metadata: dict[str, tuple[str, object]], arch: str = "llama", tensors: bool = True) -> Path:
+    """A small GGUF whose ``{arch}.KEY`` metadata has the given (gguf writer method, value) pairs."""
+    writer = GGUFWriter(str(path), arch)
+    for key, (method, value) in metadata.items():
+        getattr(writer, method)(f"{arch}.{key}", value)
+    if tensors:
+        writer.add_tensor("token_embd.weight", np.zeros((16, 8), np.float32))
+        writer.add_tensor("blk.0.attn_q.weight", np.zeros((8, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+GOOD_GGUF = {"block_count": ("add_uint32", 1), "embedding_length": ("add_uint32", 8), "attention.head_count": ("add_uint32", 2)}
+
+
+def verify_result(**changes: object) -> dict:
+    """A minimal verify result calibrate accepts (2 threads, two decode contexts, one prefill)."""
+    result = {
+        "schema": "speedlimit.verify/1", "complete": True, "threads": 2,
+        "machine": {"cpu": "Test CPU", "cores": 2, "memory_bytes": 24e9},
+        "measured_bandwidth_Bps": 20e9, "measured_flops": 100e9,
+        "decode": [{"kind": "context", "threads": 2, "context_start": c, "tok_s": 100.0 - c / 100,
+                    "bytes_per_token": 100e6 + 23e3 * c, "flops_per_token": 0.02e9} for c in (128, 1024, 4096)],
+        "prefill": [{"threads": 2, "prompt_tokens": 128, "median_s": 0.4, "step_bytes": 100e6, "step_flops": 36e9}],
+    }  # fmt: skip
+    result.update(changes)
+    return result
+
+
+def bench_summary(**changes: object) -> dict:
+    summary = {"itl_s": {"mean": 0.02}, "estimate": {"hardware": "h100-sxm", "predicted": {"batch": 4, "tp": 2,
+               "bytes_per_token": 5e9, "flops_per_token": 2e10}}}  # fmt: skip
+    summary.update(changes)
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# generated: every command
+
+
+@FUZZ
+@given(argv=estimate_argv())
+def test_estimate_any_flags(argv: list[str]) -> None:
+    check(invoke(*argv))
+
+
+@FUZZ
+@given(config=st.dictionaries(st.sampled_from(sorted(LLAMA_CONFIG) + ["head_dim", "sliding_window", "num_local_experts",
+                                                                       "num_experts_per_tok", "kv_lora_rank", "text_config",
+                                                                       "layer_types", "moe_layer_freq", "mlp_only_layers",
+                                                                       "_name_or_path", "tie_word_embeddings"]),
+                              JSON_VALUES, max_size=4),
+       hardware=st.sampled_from(["h100-sxm", "apple-m2-ultra", "epyc-9654"]))
+def test_estimate_any_config_json(isolated: Path, config: dict, hardware: str) -> None:
+    path = write_config(isolated / "config.json", {**LLAMA_CONFIG, **config})
+    check(invoke("estimate", "-m", str(path), "-H", hardware, "--json"))
+
+
+@FUZZ
+@given(key=st.sampled_from(["block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+                            "attention.key_length", "expert_count", "expert_used_count", "attention.sliding_window",
+                            "context_length", "rope.dimension_count", "attention.kv_lora_rank"]),
+       value=st.one_of(st.tuples(st.just("add_uint64"), st.integers(0, 2**64 - 1)),
+                       st.tuples(st.just("add_int32"), st.integers(-(2**31), 2**31 - 1)),
+                       st.tuples(st.just("add_float32"), st.floats(width=32, allow_nan=True)),
+                       st.tuples(st.just("add_string"), TEXT),
+                       st.tuples(st.just("add_bool"), st.booleans())))
+def test_estimate_any_gguf_metadata(isolated: Path, key: str, value: tuple[str, object]) -> None:
+    path = write_gguf(isolated / "m.gguf", {**GOOD_GGUF, key: value})
+    check(invoke("estimate", "-m", str(path), "-H", "h100-sxm", "--json"))
+
+
+@FUZZ
+@given(data=st.binary(max_size=200))
+def test_estimate_any_bytes_after_gguf_magic(isolated: Path, data: bytes) -> None:
+    path = isolated / "model"  # no extension: recognised by its magic
+    path.write_bytes(b"GGUF" + data)
+    check(invoke("estimate", "-m", str(path), "-H", "h100-sxm"))
+
+
+@FUZZ
+@given(models=st.lists(NAMES, min_size=0, max_size=2), hardware=st.lists(NAMES, min_size=0, max_size=2),
+       weights=FORMATS, batch=st.one_of(NUMBERS, st.sampled_from(["1:256", "0:4", "8:1", "1:1e300", "1,2,,4"])),
+       context=st.one_of(NUMBERS, st.sampled_from(["128:32768", "1:1e12"])), output=NUMBERS,
+       fmt=st.sampled_from(["csv", "json", "xml"]))
+def test_sweep_any_flags(models, hardware, weights, batch, context, output, fmt) -> None:
+    argv = ["sweep", *[a for m in models for a in ("-m", m)], *[a for h in hardware for a in ("-H", h)],
+            "--weights", weights, "--batch", batch, "--context", context, "--output", output, "--format", fmt]
+    check(invoke(*argv))
+
+
+@FUZZ
+@given(argv=st.lists(st.one_of(st.sampled_from(["--json", "--no-json", "--help", "-x", "extra"]), TEXT), max_size=3))
+def test_catalog_listings_any_flags(argv: list[str]) -> None:
+    check(invoke("models", *argv))
+    check(invoke("hardware", *argv))
+
+
+@FUZZ
+@given(flags=st.lists(st.tuples(st.sampled_from(["--prompt-tokens", "--output-tokens", "--concurrency", "--requests",
+                                                 "--warmup", "--sweep", "--slo", "--api", "--extra-body", "--seed",
+                                                 "--knee-fraction", "--model"]),
+                                st.one_of(NUMBERS, TEXT, st.sampled_from(["concurrency=1,2", "rate=0", "ttft=5", "{}", "[]",
+                                                                          "uniform:1:0", "normal:5:-1", "chat"]))),
+                      max_size=4))
+def test_bench_any_flags_against_an_unreachable_server(flags: list[tuple[str, str]]) -> None:
+    argv = ["bench", "--url", UNREACHABLE_URL, "--no-progress", *[a for pair in flags for a in pair]]
+    check(invoke(*argv))
+
+
+@FUZZ
+@given(flags=st.lists(st.tuples(st.sampled_from(["--threads", "--prompt-tokens", "--decode-tokens", "--contexts",
+                                                 "--array-mib", "--model", "--out"]), st.one_of(NUMBERS, TEXT)), max_size=3))
+def test_verify_bad_flags(flags: list[tuple[str, str]]) -> None:
+    # `--runs 0` last: whatever else is drawn, verify must stop at validation (this test never runs the engine)
+    argv = ["verify", *[a for pair in flags for a in pair], "--runs", "0"]
+    check(invoke(*argv), codes=(2,))
+
+
+@FUZZ
+@given(port=st.one_of(st.integers(max_value=-1), st.integers(min_value=65536), TEXT.filter(lambda t: not t.strip().isdigit())),
+       host=st.one_of(st.just("127.0.0.1"), TEXT))
+def test_serve_bad_flags(port: object, host: str) -> None:
+    check(invoke("serve", "--port", str(port), "--host", host), codes=(2,))
+
+
+@FUZZ
+@given(result=st.one_of(
+    st.builds(lambda k, v: verify_result(**{k: v}),
+              st.sampled_from(["decode", "prefill", "machine", "threads", "settings", "measured_bandwidth_Bps",
+                               "measured_flops", "complete", "schema"]), JSON_VALUES),
+    st.builds(lambda k, v: bench_summary(**{k: v}), st.sampled_from(["itl_s", "estimate", "points"]), JSON_VALUES),
+    JSON_VALUES))
+def test_calibrate_any_json(isolated: Path, result: object) -> None:
+    path = write_config(isolated / "results.json", result)
+    check(invoke("calibrate", str(path), "--json"))
+
+
+@FUZZ
+@given(record=st.dictionaries(st.sampled_from(["memory_bandwidth_Bps", "bw_efficiency", "flops_efficiency", "step_overhead_s",
+                                               "kernel_overhead_s", "name", "kind", "flops", "calibrated_at",
+                                               "calibrated_from", "memory_bytes"]),
+                              st.one_of(st.floats(allow_nan=True), st.integers(-(2**63), 2**63 - 1), TEXT,
+                                        st.lists(st.integers(), max_size=2)), max_size=4))
+def test_estimate_on_any_profile(isolated: Path, record: dict) -> None:
+    from speedlimit.catalog.profiles import _toml_value
+
+    profiles = isolated / "config" / "profiles"
+    profiles.mkdir(parents=True, exist_ok=True)
+    full = {"memory_bandwidth_Bps": 20e9, "flops": {"fp32": 1e11}, "kind": "cpu", **record}
+    lines = [f"{key} = {_toml_value(value)}" for key, value in full.items()]
+    (profiles / "box.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    check(invoke("estimate", "-m", "smollm2-135m", "-H", "box", "--json"))
+
+
+@FUZZ
+@given(lines=st.lists(st.one_of(JSON_VALUES.map(json.dumps), TEXT), max_size=5), summary=JSON_VALUES)
+def test_report_any_files(isolated: Path, lines: list[str], summary: object) -> None:
+    run = isolated / "run"
+    run.mkdir(exist_ok=True)
+    (run / "requests.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    (run / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    check(invoke("report", str(run), "--out", str(isolated / "report")))
+
+
+# --------------------------------------------------------------------------------------------
+# named cases: every repro of issue 10 that this module owns
+
+
+def test_bare_speedlimit_prints_help_and_exits_0() -> None:
+    outcome = check(invoke(), codes=(0,))
+    assert "Usage" in outcome.out and "estimate" in outcome.out
+
+
+@pytest.mark.parametrize("command", ["estimate", "sweep", "models", "hardware", "bench", "verify", "calibrate", "report", "serve"])
+def test_every_help_has_examples(command: str) -> None:
+    outcome = check(invoke(command, "--help"), codes=(0,))
+    assert "Examples:" in outcome.out and f"speedlimit {command}" in outcome.out.split("Examples:")[1]
+    assert "--json  <bool>" not in outcome.out and "--ideal  <bool>" not in outcome.out
+
+
+def test_ideal_is_a_flag_with_a_negative() -> None:
+    ideal = json.loads(check(invoke("estimate", "-m", "7B", "-H", "h100-sxm", "--ideal", "--json"), codes=(0,)).out)
+    full = json.loads(check(invoke("estimate", "-m", "7B", "-H", "h100-sxm", "--no-ideal", "--json"), codes=(0,)).out)
+    assert ideal["mode"] == "ideal" and full["mode"] == "full"
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["-H", "h100-sxm", "--bandwidth", "1e12"], ("--hardware", "--bandwidth")),
+        (["-H", "h100-sxm", "--ideal", "--bw-efficiency", "0.5"], ("--ideal", "--bw-efficiency")),
+        (["-H", "h100-sxm", "--profile", "x"], ("--hardware", "--profile")),
+        (["--profile", "x", "--bandwidth", "1e12"], ("--profile", "--bandwidth")),
+        (["-H", "h100-sxm", "--flops", "1e15"], ("--flops", "--bandwidth")),
+    ],
+)
+def test_conflicting_flags_name_both(argv: list[str], names: tuple[str, str]) -> None:
+    outcome = check(invoke("estimate", "-m", "7B", *argv), codes=(2,))
+    assert all(name in outcome.err for name in names), outcome.err
+
+
+@pytest.mark.parametrize(("method", "value"), [("add_uint64", 2**40), ("add_float32", math.nan), ("add_string", "many")])
+def test_gguf_block_count_is_bounded(isolated: Path, method: str, value: object) -> None:
+    path = write_gguf(isolated / "crafted.gguf", {**GOOD_GGUF, "block_count": (method, value)})
+    check(invoke("estimate", "-m", str(path), "-H", "h100-sxm"), codes=(2,), needle="block_count")
+
+
+def test_gguf_block_count_2_40_in_a_child_process(isolated: Path) -> None:
+    path = write_gguf(isolated / "crafted.gguf", {**GOOD_GGUF, "block_count": ("add_uint64", 2**40)})
+    check(subprocess_run("estimate", "-m", str(path), "-H", "h100-sxm"), codes=(2,), needle="block_count")
+
+
+def test_sweep_grid_of_1e8_rows_is_refused_at_once() -> None:
+    axis = ",".join(str(i) for i in range(1, 10_001))
+    outcome = check(invoke("sweep", "-m", "7B", "-H", "l4", "--batch", axis, "--context", axis), codes=(2,), needle="100,000,000 rows")
+    assert outcome.seconds < 2
+
+
+def test_sweep_of_a_million_rows_is_refused_at_once() -> None:
+    axis = ",".join(str(i) for i in range(1, 1001))
+    outcome = check(invoke("sweep", "-m", "7B", "-H", "l4", "--batch", axis, "--context", axis), codes=(2,), needle="1,000,000 rows")
+    assert outcome.seconds < 2
+
+
+def test_ten_thousand_layers_on_apple_m2_ultra(isolated: Path) -> None:
+    path = write_config(isolated / "config.json", {**LLAMA_CONFIG, "num_hidden_layers": 10_000})
+    outcome = check(invoke("estimate", "-m", str(path), "-H", "apple-m2-ultra", "--allow-no-fit", "--json"), codes=(0,))
+    assert json.loads(outcome.out)["step_overhead_s"] > 1  # 7 µs × 22 kernels × 10,000 layers: slow, not an error
+
+
+def test_deeply_nested_config_json(isolated: Path) -> None:
+    path = isolated / "config.json"
+    path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    check(invoke("estimate", "-m", str(path), "-H", "h100-sxm"), codes=(2,))
+
+
+def test_deeply_nested_calibrate_input(isolated: Path) -> None:
+    path = isolated / "verify.json"
+    path.write_text('{"schema": ' + "[" * 100_000 + "]" * 100_000 + "}", encoding="utf-8")
+    check(invoke("calibrate", str(path)), codes=(2,))
+
+
+def test_model_name_of_100000_characters() -> None:
+    check(invoke("estimate", "-m", "x" * 100_000, "-H", "h100-sxm"), codes=(2,), needle="characters long")
+    check(invoke("sweep", "-m", "x" * 100_000, "-H", "h100-sxm"), codes=(2,), needle="characters long")
+
+
+def test_sweep_weights_comma() -> None:
+    check(invoke("sweep", "-m", "7B", "-H", "l4", "--weights", ","), codes=(2,), needle="--weights")
+
+
+def test_sweep_out_to_a_directory_or_a_missing_one(isolated: Path) -> None:
+    check(invoke("sweep", "-m", "7B", "-H", "l4", "--out", str(isolated)), codes=(2,), needle="is a directory")
+    check(invoke("sweep", "-m", "7B", "-H", "l4", "--out", str(isolated / "nope" / "grid.csv")), codes=(2,), needle="does not exist")
+
+
+CALIBRATE_REPROS = {
+    "decode as a dict": verify_result(decode={"threads": 2}),
+    "decode row missing keys": verify_result(decode=[{"threads": 2, "tok_s": 10.0}]),
+    "numbers as strings": verify_result(decode=[{"threads": 2, "tok_s": "10", "bytes_per_token": "1e8", "flops_per_token": "1"}]),
+    "bytes_per_token 0": verify_result(decode=[{"threads": 2, "tok_s": 10.0, "bytes_per_token": 0, "flops_per_token": 1.0}]),
+    "bytes_per_token negative": verify_result(decode=[{"threads": 2, "tok_s": 10.0, "bytes_per_token": -5, "flops_per_token": 1.0}]),
+    "machine as a string": verify_result(machine="a laptop"),
+    "prefill rows not objects": verify_result(prefill=[1, 2]),
+    "bench points not objects": {"points": [1, "two", None]},
+    "itl_s as a number": bench_summary(itl_s=0.02),
+    "estimate as a list": bench_summary(estimate=[1, 2]),
+    "predicted batch zero": bench_summary(estimate={"hardware": "h100-sxm", "predicted": {"batch": 0, "bytes_per_token": 1e9, "flops_per_token": 1}}),
+    "a JSON list": [1, 2, 3],
+    "not JSON": "{",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CALIBRATE_REPROS))
+def test_calibrate_on_partial_or_foreign_json(isolated: Path, name: str) -> None:
+    path = isolated / "results.json"
+    data = CALIBRATE_REPROS[name]
+    path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+    check(invoke("calibrate", str(path)), codes=(2,))
+
+
+def test_calibrate_with_an_unwritable_config_dir_prints_the_fit_and_writes_where_asked(isolated: Path, monkeypatch) -> None:
+    results = write_config(isolated / "verify.json", verify_result())
+    blocker = isolated / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(blocker / "config"))  # mkdir fails, even as root
+    outcome = check(invoke("calibrate", str(results), "--force"), codes=(2,), needle="--out")
+    assert "bw_efficiency" in outcome.out  # the fit is shown, not lost
+    target = isolated / "box.toml"
+    check(invoke("calibrate", str(results), "--force", "--out", str(target)), codes=(0,))
+    assert "bw_efficiency" in target.read_text()
+
+
+def test_calibrate_refuses_a_fit_worse_than_the_defaults_unless_forced(isolated: Path) -> None:
+    # decode times that fall as the bytes grow, plus one wild point: no line fits them well
+    rows = [{"kind": "context", "threads": 2, "context_start": c, "tok_s": rate, "bytes_per_token": 100e6 + 23e3 * c,
+             "flops_per_token": 0.02e9} for c, rate in ((128, 5.0), (1024, 400.0), (4096, 6.0), (8192, 390.0))]
+    results = write_config(isolated / "verify.json", verify_result(decode=rows, prefill=[]))
+    refused = check(invoke("calibrate", str(results), "--json"), codes=(0, 2))
+    fit = json.loads(refused.out)
+    if fit["error_after"]["all"] > fit["error_before"]["all"]:
+        assert refused.code == 2 and "--force" in refused.err and not fit["saved"]
+        assert not (isolated / "config" / "profiles" / "local.toml").exists()
+        forced = check(invoke("calibrate", str(results), "--json", "--force"), codes=(0,))
+        assert json.loads(forced.out)["saved"]
+    else:  # the fit happened to be better: then it must have been saved
+        assert refused.code == 0 and fit["saved"]
+
+
+@pytest.mark.parametrize("content", ["bw_efficiency = 5.0\n", 'step_overhead_s = "slow"\n', b"\x00\xff\xfe binary \x80"])
+def test_hostile_profile_then_estimate(isolated: Path, content: str | bytes) -> None:
+    profiles = isolated / "config" / "profiles"
+    profiles.mkdir(parents=True)
+    base = "memory_bandwidth_Bps = 20e9\n"
+    path = profiles / "box.toml"
+    path.write_bytes(content if isinstance(content, bytes) else (base + content).encode())
+    check(invoke("estimate", "-m", "7B", "-H", "box"), codes=(2,), needle="box.toml")
+
+
+def test_model_file_of_3_gb_without_extension_is_not_read_whole(isolated: Path) -> None:
+    path = isolated / "weights"
+    with path.open("wb") as file:  # sparse: costs no disk, but reading it whole would take 3 GB of memory
+        file.truncate(3 * 10**9)
+    outcome = check(subprocess_run("estimate", "-m", str(path), "-H", "h100-sxm"), codes=(2,), needle="unknown model")
+    assert "MemoryError" not in outcome.err
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"sliding_window": -5}, "sliding_window"),
+        ({"head_dim": 0}, "head_dim"),
+        ({"num_hidden_layers": 32.5}, "num_hidden_layers"),
+        ({"moe_layer_freq": 0, "num_local_experts": 4, "num_experts_per_tok": 2}, "moe_layer_freq"),
+        ({"intermediate_size": 1e300}, "intermediate_size"),
+    ],
+)
+def test_wrong_config_values_are_refused(isolated: Path, change: dict, needle: str) -> None:
+    path = write_config(isolated / "config.json", {**LLAMA_CONFIG, **change})
+    check(invoke("estimate", "-m", str(path), "-H", "h100-sxm"), codes=(2,), needle=needle)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["estimate", "-m", "llama-3.1-70b", "-H", "h100-sxm", "--tp", "3"], "heads"),
+        (["sweep", "-m", "llama-3.1-70b", "-H", "h100-sxm", "--tp", "3"], "heads"),
+        (["sweep", "-m", "7B", "-H", "l4", "--output", "-10000"], "--output"),
+        (["estimate", "-m", "7B", "--bandwidth", "1e-300", "--json"], "bandwidth"),
+        (["estimate", "-m", "7B", "-H", "h100-sxm", "--weights", "0.001"], "bits"),
+        (["estimate", "-m", "0.0000001B", "-H", "h100-sxm"], "too small"),
+        (["estimate", "-m", "7B", "--bandwidth", "1e12", "--memory", "1e-300"], "--memory"),
+    ],
+)
+def test_wrong_results_are_refused(argv: list[str], needle: str) -> None:
+    check(invoke(*argv), codes=(2,), needle=needle)
+
+
+def test_json_never_holds_nan() -> None:
+    for argv in (["-m", "7B", "--bandwidth", "1e6", "--json"], ["-m", "7B", "--bandwidth", "1e15", "--flops", "1e6", "--json"]):
+        check(invoke("estimate", *argv))  # check() parses --json output and rejects NaN/Infinity
+
+
+def test_a_bad_flag_is_one_line_in_a_child_process() -> None:
+    outcome = check(subprocess_run("estimate", "-m", "7B", "-H", "h100-sxm", "--batch", "0"), codes=(2,), needle="--batch")
+    assert outcome.err.count("\n") == 1
+
+
+def test_bare_speedlimit_in_a_child_process() -> None:
+    check(subprocess_run(), codes=(0,))
+
+
+# bench's own items (issue 10 "Tracebacks and hangs"), fixed in the bench area: strict, so they flip when fixed
+BENCH_REPROS = [
+    pytest.param(["--rate", "nan"], id="rate-nan"),
+    pytest.param(["--burstiness", "nan"], id="burstiness-nan"),
+    pytest.param(["--timeout", "nan"], id="timeout-nan"),
+    pytest.param(["--requests", "1000000000000"], id="requests-1e12"),
+    pytest.param(["--prompt-tokens", "100000000"], id="prompt-tokens-1e8"),
+]
+
+
+@pytest.mark.parametrize("flags", BENCH_REPROS)
+def test_bench_absurd_flags(flags: list[str]) -> None:
+    check(invoke("bench", "--url", UNREACHABLE_URL, "--no-progress", *flags), codes=(2,))
+
+
+def test_bench_out_pointing_at_an_existing_file(isolated: Path) -> None:
+    existing = isolated / "file.txt"
+    existing.write_text("keep me")
+    check(invoke("bench", "--url", UNREACHABLE_URL, "--no-progress", "--out", str(existing)), codes=(2,))
+    assert existing.read_text() == "keep me"
