@@ -42,14 +42,14 @@ def read_json(path: Path, what: str) -> Any:
         raise file_error(path, error, what) from None
 
 
-def _finite(value: Any) -> Any:
+def finite_json(value: Any) -> Any:
     """NaN and ±inf become None, recursively: JSON has no NaN, and a missing value is what they mean here."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return [finite_json(v) for v in value]
     return value
 
 
@@ -87,7 +87,7 @@ class Artifact(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dict (`save` writes exactly this; non-finite numbers become null)."""
-        return _finite(self.model_dump(mode="json", by_alias=True))
+        return finite_json(self.model_dump(mode="json", by_alias=True))
 
     def save(self, path: Path) -> Path:
         return write_json_atomic(path, self.to_dict())
@@ -162,7 +162,7 @@ class RequestRecord(BaseModel):
         row = self.model_dump()
         row["tpot_s"] = self.tpot_s
         row["output_chars"] = len(self.output_text)
-        return _finite(row)
+        return finite_json(row)
 
     def to_json_line(self) -> str:
         return json.dumps(self.to_json_dict(), allow_nan=False) + "\n"

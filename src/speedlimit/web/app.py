@@ -19,7 +19,6 @@ name that happens to be a file there gets the same answer as any unknown name.
 
 from __future__ import annotations
 
-import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from pydantic import Field, ValidationError
 
 from speedlimit.architecture import Architecture, architecture_from_hf_config
 from speedlimit.catalog import hardware_entries, model_entries, resolve_model
+from speedlimit.artifacts import finite_json
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator.api import estimate_scenario
 from speedlimit.estimator.curves import batch_curve, roofline
@@ -92,17 +92,6 @@ def _readable_validation_error(error: RequestValidationError) -> str:
             message = "unknown field (use the CLI names: model, hardware, weights, kv, batch, prompt, output, tp, ideal, config)"
         parts.append(f"{location}: {message}")
     return "; ".join(parts) or "invalid request"
-
-
-def _finite_json(value: Any) -> Any:
-    """Replace NaN/inf (not valid JSON) by None, recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_json(v) for v in value]
-    return value
 
 
 def plotly_js_path() -> Path | None:
@@ -184,7 +173,7 @@ def create_app() -> FastAPI:
 
     @app.post("/api/estimate", summary="Estimate one configuration (what `speedlimit estimate --json` prints)")
     def estimate_endpoint(request: EstimateRequest) -> dict[str, Any]:
-        return _finite_json(estimate_scenario(request.scenario(web_model(request))).to_dict())
+        return finite_json(estimate_scenario(request.scenario(web_model(request))).to_dict())
 
     @app.post("/api/curve", summary="The estimate, its batch curve with the knee, and its roofline")
     def curve_endpoint(request: CurveRequest) -> dict[str, Any]:
@@ -194,7 +183,7 @@ def create_app() -> FastAPI:
         inputs = scenario.model_dump(exclude={"model", "hardware"})
         result = batch_curve(scenario.model, scenario.hardware, batches=request.batches, **inputs)
         result["roofline"] = roofline(result["estimate"])
-        return _finite_json(result)
+        return finite_json(result)
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.mount("/vendor/swagger-ui", StaticFiles(directory=SWAGGER_UI_DIR), name="swagger-ui")
