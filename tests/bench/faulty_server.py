@@ -24,9 +24,14 @@ Modes:
     empty         a finish chunk and `[DONE]`, no text at all.
     error_event   one chunk, then an in-stream `data: {"error": ...}` event (vLLM/TGI style).
     mixed         request i (server-wide counter) takes mode MIXED_CYCLE[i % len(MIXED_CYCLE)].
+    stale         like ok for the first request on a connection; a completion request that arrives on a kept-alive
+                  connection is read and the connection closed with no response byte: what a client sees when the
+                  server closed an idle keep-alive connection just as the client reused it (llama-server does).
+    drop          every completion request is read and its connection closed with no response byte.
 
 `GET /<mode>/v1/models` lists one model, `fake-model`. Run it in a background thread (`FaultyOpenAIServer`, a context
 manager) or as a separate process: `python tests/bench/faulty_server.py --port 0` prints `PORT <n>` when ready.
+`served` lists (mode, position of the request on its connection: 1 = first) for every request, in arrival order.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class _Handler:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self.server.connections.add(task)
+        position = 0  # requests read on this connection so far
         try:
             while True:
                 request_line = await reader.readline()
@@ -90,7 +96,8 @@ class _Handler:
                 if "content-length" in headers:
                     body = await reader.readexactly(int(headers["content-length"]))
                 self.received_ns = time.perf_counter_ns()
-                keep_open = await self.respond(method, path, body, writer)
+                position += 1
+                keep_open = await self.respond(method, path, body, writer, position)
                 if not keep_open:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
@@ -102,7 +109,8 @@ class _Handler:
             except Exception:  # noqa: BLE001 - the socket may already be gone
                 pass
 
-    async def respond(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> bool:
+    async def respond(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter,
+                      position: int = 1) -> bool:
         parts = path.split("?", 1)[0].strip("/").split("/", 1)
         mode = parts[0]
         route = "/" + (parts[1] if len(parts) > 1 else "")
@@ -112,6 +120,7 @@ class _Handler:
                 self.server.request_counter += 1
             mode = MIXED_CYCLE[index % len(MIXED_CYCLE)]
         self.server.modes_served.append(mode)
+        self.server.served.append((mode, position))
         if mode == "mute":
             await asyncio.sleep(3600)
             return False
@@ -129,6 +138,8 @@ class _Handler:
             writer.write(self._head(404, "application/json", len(payload)) + payload)
             await writer.drain()
             return True
+        if mode == "drop" or (mode == "stale" and position > 1):
+            return False  # close without a byte: the connection was "already closed" when this request came
         request = json.loads(body or b"{}")
         chat = route.endswith("chat/completions")
         if mode.startswith("http_"):
@@ -212,6 +223,7 @@ class FaultyOpenAIServer:
         self.lock = threading.Lock()
         self.request_counter = 0
         self.modes_served: list[str] = []
+        self.served: list[tuple[str, int]] = []
         self.connections: set = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

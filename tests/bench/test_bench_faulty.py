@@ -34,6 +34,58 @@ async def test_each_fault_is_its_own_error_kind(faulty_server, mode, kind, statu
     assert record.e2e_s is not None and record.e2e_s < 5
 
 
+async def send_on_one_session(server, modes, max_tokens=4):
+    """Send one request per mode, in order, on one pooled session; the records and what the server saw."""
+    before = len(server.served)
+    records = []
+    async with make_session() as session:
+        for index, mode in enumerate(modes):
+            endpoint = Endpoint(server.url(mode), model="fake-model", timeout_s=5.0)
+            records.append(await send_request(session, endpoint, RequestSpec(index, "hello", max_tokens)))
+    return records, server.served[before:]
+
+
+async def test_a_reused_connection_closed_before_any_response_is_retried_once_on_a_fresh_one(faulty_server):
+    (first, second), served = await send_on_one_session(faulty_server, ["stale", "stale"])
+    assert first.ok and first.retries == 0
+    assert second.ok, (second.error_kind, second.error_text)
+    assert second.retries == 1 and second.output_tokens == 4 and second.http_status == 200
+    # the second request went out on the kept-alive connection, was dropped unanswered, then went out on a new one
+    assert served == [("stale", 1), ("stale", 2), ("stale", 1)]
+    assert json.loads(json.dumps(second.to_json_dict()))["retries"] == 1
+
+
+async def test_a_request_that_got_response_bytes_is_not_retried(faulty_server):
+    (warm, cut), served = await send_on_one_session(faulty_server, ["ok", "disconnect"])
+    assert warm.ok
+    assert cut.error_kind == "disconnect" and cut.output_chunks == 2 and cut.retries == 0
+    assert served == [("ok", 1), ("disconnect", 2)]  # on the reused connection, and sent only once
+
+
+async def test_a_fresh_connection_failing_before_any_response_is_not_retried(faulty_server):
+    (dropped,), served = await send_on_one_session(faulty_server, ["drop"])
+    assert dropped.error_kind == "disconnect" and dropped.retries == 0 and dropped.http_status is None
+    assert served == [("drop", 1)]
+
+
+async def test_the_retry_happens_once_and_its_failure_is_recorded(faulty_server):
+    (warm, dropped), served = await send_on_one_session(faulty_server, ["ok", "drop"])
+    assert warm.ok
+    assert dropped.error_kind == "disconnect" and dropped.retries == 1
+    assert served == [("ok", 1), ("drop", 2), ("drop", 1)]
+
+
+async def test_a_run_counts_retries_per_request_and_in_the_summary(faulty_server, tmp_path):
+    endpoint = Endpoint(faulty_server.url("stale"), model="fake-model", timeout_s=5.0)
+    async with BenchRunner(endpoint, WorkloadPlan(LengthSpec("fixed", 8), 4, None, 0)) as runner:
+        result = await runner.run(LoadPlan(concurrency=2, requests=8), tmp_path)
+    summary = result.summary
+    assert summary.completed == 8 and summary.errors == {}
+    rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert summary.retried == sum(row["retries"] for row in rows) >= 1  # one retry at most per request
+    assert json.loads((tmp_path / "summary.json").read_text())["retried"] == summary.retried
+
+
 async def test_a_stream_that_never_ends_hits_the_per_request_timeout(faulty_server):
     record = await one(faulty_server.url("hang"), timeout_s=0.3)
     assert record.error_kind == "timeout"

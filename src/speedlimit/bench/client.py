@@ -9,6 +9,11 @@ taken the moment the socket read that carried it returns;
 the hot loop only stamps and stores reads and parsing happens after the stream (or every PARSE_BACKLOG_READS reads),
 so neither this stream's nor other streams' parsing shows up as latency. uvloop is used when installed. Every failure becomes an error *kind*, never an
 exception out of `send_request`.
+
+A request that fails before any response arrived on a *reused* keep-alive connection is sent once more on a fresh
+connection and counted in `RequestRecord.retries`: a server may close a pooled connection just as the next request goes
+out on it, and that is the pool's failure, not the server's. llama.cpp's `llama-server` closes the connection after
+every streamed response although its headers say `Keep-Alive: timeout=5, max=100` (curl retries those the same way).
 """
 
 from __future__ import annotations
@@ -91,20 +96,46 @@ def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
     return body
 
 
+class _Attempt:
+    """One send attempt of a record, as the session's trace hooks see it (passed as aiohttp's trace_request_ctx)."""
+
+    __slots__ = ("record", "reused_connection", "responded")
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record = record
+        self.reused_connection = False  # the pool handed out a kept-alive connection
+        self.responded = False  # a status line and headers arrived
+
+
 async def _stamp_sent(_session: aiohttp.ClientSession, context: Any, _params: Any) -> None:
     """Trace hook: the request (its last body chunk so far) is on the socket now; that is its start."""
-    record = (context.trace_request_ctx or {}).get("record")
-    if record is not None:
-        record.start_ns = time.perf_counter_ns()
+    if isinstance(context.trace_request_ctx, _Attempt):
+        context.trace_request_ctx.record.start_ns = time.perf_counter_ns()
 
 
-def make_session(limit: int = 0) -> aiohttp.ClientSession:
-    """One pooled session for a whole run: no connection cap (0), no total timeout (we time each request)."""
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=300, force_close=False)
-    sent = aiohttp.TraceConfig()
-    sent.on_request_chunk_sent.append(_stamp_sent)
+async def _on_connection_reused(_session: aiohttp.ClientSession, context: Any, _params: Any) -> None:
+    if isinstance(context.trace_request_ctx, _Attempt):
+        context.trace_request_ctx.reused_connection = True
+
+
+async def _on_connection_created(_session: aiohttp.ClientSession, context: Any, _params: Any) -> None:
+    if isinstance(context.trace_request_ctx, _Attempt):
+        context.trace_request_ctx.reused_connection = False
+
+
+def make_session(limit: int = 0, *, force_close: bool = False) -> aiohttp.ClientSession:
+    """One pooled session for a whole run: no connection cap (0), no total timeout (we time each request).
+
+    `force_close=True` gives a session whose every request opens its own connection (used for retries). The trace
+    hooks stamp when a request is sent and tell whether it went out on a reused connection (aiohttp has no other
+    API for either)."""
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=300, force_close=force_close)
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_stamp_sent)
+    trace.on_connection_reuseconn.append(_on_connection_reused)
+    trace.on_connection_create_end.append(_on_connection_created)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                 read_bufsize=2**16, auto_decompress=False, trace_configs=[sent])
+                                 read_bufsize=2**16, auto_decompress=False, trace_configs=[trace])
 
 
 def run_async(coro, use_uvloop: bool = True):
@@ -187,12 +218,16 @@ class _StreamParse:
         self._events(now_ns, self.decoder.close())
 
 
-async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec: RequestSpec) -> RequestRecord:
-    """Send one streaming request and time it; errors are recorded by kind, never raised."""
-    record = RequestRecord(index=spec.index, prompt_tokens=spec.prompt_tokens,
-                           prompt_token_source=spec.prompt_token_source)
-    payload = json.dumps(request_body(endpoint, spec)).encode()
-    parse = _StreamParse()
+#: Failures that may mean "the server closed this keep-alive connection before our request reached it".
+_STALE_CONNECTION_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError)
+
+
+async def _stream(session: aiohttp.ClientSession, endpoint: Endpoint, payload: bytes, record: RequestRecord,
+                  parse: _StreamParse) -> tuple[list[int], list[bytes], bool]:
+    """One send attempt: stamps and raw reads not yet parsed, and whether the body completed. Fills the record's
+    start, status and error fields; raises only a stale-connection error (on a reused connection, before any
+    response), which `send_request` answers with one retry."""
+    attempt = _Attempt(record)
     stamps: list[int] = []
     reads: list[bytes] = []
     body_complete = False
@@ -200,7 +235,8 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec:
     try:
         async with asyncio.timeout(endpoint.timeout_s):
             async with session.post(endpoint.url, data=payload, headers=endpoint.headers,
-                                    trace_request_ctx={"record": record}) as response:
+                                    trace_request_ctx=attempt) as response:
+                attempt.responded = True
                 record.http_status = response.status
                 if response.status != 200:
                     body = await response.content.read(2000)
@@ -218,8 +254,11 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec:
         record.error_kind, record.error_text = "timeout", f"no complete response within {endpoint.timeout_s:g} s"
     except aiohttp.ClientConnectorError as error:
         record.error_kind, record.error_text = "connect", str(error)[:300]
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-            ConnectionError) as error:
+    except aiohttp.ClientPayloadError as error:
+        record.error_kind, record.error_text = "disconnect", (str(error) or type(error).__name__)[:300]
+    except _STALE_CONNECTION_ERRORS as error:
+        if attempt.reused_connection and not attempt.responded:
+            raise
         record.error_kind, record.error_text = "disconnect", (str(error) or type(error).__name__)[:300]
     except aiohttp.ClientError as error:
         record.error_kind, record.error_text = "client", (str(error) or type(error).__name__)[:300]
@@ -228,6 +267,28 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec:
         current = asyncio.current_task()
         if current is not None:
             current.uncancel()
+    return stamps, reads, body_complete
+
+
+async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec: RequestSpec) -> RequestRecord:
+    """Send one streaming request and time it; errors are recorded by kind, never raised."""
+    record = RequestRecord(index=spec.index, prompt_tokens=spec.prompt_tokens,
+                           prompt_token_source=spec.prompt_token_source)
+    payload = json.dumps(request_body(endpoint, spec)).encode()
+    parse = _StreamParse()
+    try:
+        stamps, reads, body_complete = await _stream(session, endpoint, payload, record, parse)
+    except _STALE_CONNECTION_ERRORS:
+        # Nothing came back on a reused connection, so the server most likely never saw the request (RFC 9112
+        # 9.3.1 allows the retry for idempotent requests; a completion is one for a benchmark). Once, on a
+        # connection of its own, timed from the retry's own send.
+        record.retries += 1
+        async with make_session(force_close=True) as fresh:
+            try:
+                stamps, reads, body_complete = await _stream(fresh, endpoint, payload, record, parse)
+            except _STALE_CONNECTION_ERRORS as error:  # not reused, so only a race with a closing pool gets here
+                record.error_kind, record.error_text = "disconnect", (str(error) or type(error).__name__)[:300]
+                stamps, reads, body_complete = [], [], False
     record.end_ns = time.perf_counter_ns()
     parse.consume(stamps, reads)
     if body_complete:

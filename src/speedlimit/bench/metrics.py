@@ -13,6 +13,8 @@ timings. Definitions (seconds throughout):
 - TPOT: (E2E - TTFT) / (output_tokens - 1), so it spreads multi-token chunks over their tokens.
 - E2E: request sent -> end of the response stream.
 - Throughput figures divide totals of *completed* requests by the run's wall time (first send -> last end).
+- Retried: requests re-sent once on a fresh connection because a reused keep-alive connection failed before any
+  response (see bench/client.py); a retried request is timed from its retry.
 """
 
 from __future__ import annotations
