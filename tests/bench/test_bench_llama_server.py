@@ -1,0 +1,115 @@
+"""Real benches against llama.cpp's C++ `llama-server` (continuous batching, 4 slots) on the bundled SmolLM2-135M.
+
+What this server does with bench's requests (tools/server in the vendored llama.cpp, checked here):
+- `max_tokens` is an alias of its `n_predict`; `ignore_eos: true` bans end-of-generation tokens, so a forced request
+  yields exactly max_tokens tokens (`finish_reason: "length"`); `min_tokens` is not a field it knows, and is ignored.
+- streamed completions and chats carry `usage` on the last event (chats when `stream_options.include_usage` is set),
+  so output tokens are the server's own count.
+- `/tokenize {"content"}` is its tokenizer, so prompts have exact lengths.
+
+Every request must complete: a `disconnect` here used to be a pooled keep-alive connection the server had already
+closed (bench now re-sends those once and counts them in `retries`). The server's own /metrics counter of generated
+tokens must move by exactly what bench counted, so no request is lost or sent twice. No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from speedlimit.bench.client import Endpoint
+from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan
+from speedlimit.bench.workload import parse_length_spec
+
+pytestmark = pytest.mark.server
+
+OUTPUT_TOKENS = 16
+REQUESTS = 12
+
+
+def get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.status, response.read().decode()
+
+
+def prometheus_value(text: str, name: str) -> float:
+    """The value of one unlabelled sample in Prometheus text format."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"/metrics has no sample {name}:\n{text[:2000]}")
+
+
+def tokens_predicted(server) -> float:
+    return prometheus_value(get(server.root_url + "/metrics")[1], "llamacpp:tokens_predicted_total")
+
+
+def runner_for(server, *, api="completions", output=OUTPUT_TOKENS, force_output=True, seed=0, **extra_body):
+    endpoint = Endpoint(server.base_url, api=api, timeout_s=120, force_output=force_output, extra_body=extra_body)
+    return BenchRunner(endpoint, WorkloadPlan(parse_length_spec("uniform:16:48"), output, None, seed))
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+async def test_every_request_completes_with_exactly_max_tokens(llama_cpp_server, tmp_path, concurrency):
+    predicted_before = tokens_predicted(llama_cpp_server)
+    async with runner_for(llama_cpp_server, seed=concurrency) as runner:
+        assert runner.tokenizer is not None and runner.tokenizer.kind == "llama.cpp"
+        specs = await runner.specs(REQUESTS)
+        result = await runner.run(LoadPlan(concurrency=concurrency, requests=REQUESTS), tmp_path)
+    summary = result.summary
+    failures = [(r.index, r.error_kind, r.error_text, r.retries) for r in result.records if not r.ok]
+    assert summary["completed"] == REQUESTS and summary["errors"] == {}, failures
+    for record in result.records:
+        assert record.finish_reason == "length"
+        assert record.output_tokens == OUTPUT_TOKENS and record.token_count_source == "usage"
+        assert record.output_chunks >= 1 and record.ttft_s > 0 and record.tpot_s > 0
+    # the server counts the prompt exactly as its /tokenize endpoint did when bench built it
+    assert sorted(r.prompt_tokens for r in result.records) == sorted(s.prompt_tokens for s in specs)
+    assert summary["prompt_token_source"] == "usage"
+    assert summary["output_tokens"] == REQUESTS * OUTPUT_TOKENS
+    # every request reached the server exactly once: its own counter moved by what bench counted
+    assert tokens_predicted(llama_cpp_server) - predicted_before == REQUESTS * OUTPUT_TOKENS
+    rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == REQUESTS and summary["retries"] == sum(row["retries"] for row in rows)
+    if concurrency == 4:  # continuous batching really overlapped the streams
+        assert summary["mean_in_flight"] > 2.0
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+async def test_unforced_outputs_stop_at_or_before_max_tokens(llama_cpp_server, api):
+    # greedy, so a reply that ends early (EOS) ends early on every run
+    async with runner_for(llama_cpp_server, api=api, output=7, force_output=False, seed=5, temperature=0) as runner:
+        result = await runner.run(LoadPlan(concurrency=2, requests=4))
+    for record in result.records:
+        assert record.ok, (record.error_kind, record.error_text)
+        assert 1 <= record.output_tokens <= 7 and record.token_count_source == "usage"
+        assert record.finish_reason == ("length" if record.output_tokens == 7 else "stop")
+
+
+async def test_forced_chat_has_exactly_max_tokens(llama_cpp_server):
+    async with runner_for(llama_cpp_server, api="chat", output=9, seed=6) as runner:
+        result = await runner.run(LoadPlan(concurrency=2, requests=4))
+    for record in result.records:
+        assert record.ok, (record.error_kind, record.error_text)
+        assert record.output_tokens == 9 and record.finish_reason == "length"
+
+
+def test_metrics_and_slots_are_served(llama_cpp_server):
+    status, text = get(llama_cpp_server.root_url + "/metrics")
+    assert status == 200
+    for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing"):
+        assert prometheus_value(text, name) >= 0
+    status, text = get(llama_cpp_server.root_url + "/slots")
+    slots = json.loads(text)
+    assert status == 200 and len(slots) == 4  # --parallel 4
+
+
+def test_cli_bench_at_concurrency_4_reports_no_disconnects(llama_cpp_server, tmp_path, run_cli):
+    code, out, err = run_cli(["bench", "--url", llama_cpp_server.base_url, "--concurrency", "4", "--requests", "12",
+                              "--output-tokens", "16", "--out", str(tmp_path / "run"), "--json", "--no-progress"])
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["completed"] == 12 and summary["errors"] == {} and summary["output_tokens"] == 12 * 16
+    assert "retries" in summary
