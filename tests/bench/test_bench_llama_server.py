@@ -60,21 +60,21 @@ async def test_every_request_completes_with_exactly_max_tokens(llama_cpp_server,
         result = await runner.run(LoadPlan(concurrency=concurrency, requests=REQUESTS), tmp_path)
     summary = result.summary
     failures = [(r.index, r.error_kind, r.error_text, r.retries) for r in result.records if not r.ok]
-    assert summary["completed"] == REQUESTS and summary["errors"] == {}, failures
+    assert summary.completed == REQUESTS and summary.errors == {}, failures
     for record in result.records:
         assert record.finish_reason == "length"
         assert record.output_tokens == OUTPUT_TOKENS and record.token_count_source == "usage"
         assert record.output_chunks >= 1 and record.ttft_s > 0 and record.tpot_s > 0
     # the server counts the prompt exactly as its /tokenize endpoint did when bench built it
     assert sorted(r.prompt_tokens for r in result.records) == sorted(s.prompt_tokens for s in specs)
-    assert summary["prompt_token_source"] == "usage"
-    assert summary["output_tokens"] == REQUESTS * OUTPUT_TOKENS
+    assert summary.prompt_token_source == "usage"
+    assert summary.output_tokens == REQUESTS * OUTPUT_TOKENS
     # every request reached the server exactly once: its own counter moved by what bench counted
     assert tokens_predicted(llama_cpp_server) - predicted_before == REQUESTS * OUTPUT_TOKENS
     rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
-    assert len(rows) == REQUESTS and summary["retries"] == sum(row["retries"] for row in rows)
+    assert len(rows) == REQUESTS and summary.retried == sum(row["retries"] for row in rows)
     if concurrency == 4:  # continuous batching really overlapped the streams
-        assert summary["mean_in_flight"] > 2.0
+        assert summary.mean_in_flight > 2.0
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
@@ -112,4 +112,4 @@ def test_cli_bench_at_concurrency_4_reports_no_disconnects(llama_cpp_server, tmp
     assert code == 0, err
     summary = json.loads(out)
     assert summary["completed"] == 12 and summary["errors"] == {} and summary["output_tokens"] == 12 * 16
-    assert "retries" in summary
+    assert "retried" in summary
