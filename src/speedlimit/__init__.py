@@ -3,6 +3,8 @@
 The public Python API is what this module exports; everything else is internal and may move:
 
 - `estimate(model, hardware, **options) -> Estimate`: the analytical roofline for one configuration.
+- `simulate(model, hardware, **load_and_engine) -> Simulation`: a serving engine under load, step by step, in
+  bench's terms (`Simulation.summary` is a `RunSummary`, `Simulation.records` its `RequestRecord`s).
 - `step_model(model, hardware, **options) -> StepModel`: a model on hardware resolved for the step-cost core.
 - `RequestRecord`, `RunSummary`, `SweepSummary`, `load_summary`: the artifacts bench (and simulate) write.
 - `SpeedlimitError`: every error meant for a user (bad input, unusable environment).
@@ -20,6 +22,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "estimate": "speedlimit.estimator.api",
     "Estimate": "speedlimit.estimator.api",
+    "simulate": "speedlimit.simulator.api",
+    "Simulation": "speedlimit.simulator.api",
     "step_model": "speedlimit.estimator.api",
     "StepModel": "speedlimit.estimator.api",
     "RequestRecord": "speedlimit.artifacts",
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
     from speedlimit.artifacts import RequestRecord, RunSummary, SweepSummary, load_summary
     from speedlimit.errors import SpeedlimitError
     from speedlimit.estimator.api import Estimate, StepModel, estimate, step_model
+    from speedlimit.simulator.api import Simulation, simulate
 
 
 def __getattr__(name: str) -> Any:

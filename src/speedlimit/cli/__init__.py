@@ -1,6 +1,6 @@
 """The `speedlimit` command line: thin typer shells over the library, one module per leg, and their rich output.
 
-`estimate` (estimate, sweep, models, hardware), `bench` (+ `bench_view`, its tables and progress), `verify`
+`estimate` (estimate, sweep, models, hardware), `simulate`, `bench` (+ `bench_view`, its tables and progress), `verify`
 (verify, calibrate), `report`, `serve`. Heavy imports happen inside the commands. This file registers them and
 turns `SpeedlimitError` into one line on stderr and exit code 2.
 """
@@ -16,6 +16,7 @@ from speedlimit.cli.bench import bench_command
 from speedlimit.cli.estimate import estimate_command, hardware_command, models_command, sweep_command
 from speedlimit.cli.report import report_command
 from speedlimit.cli.serve import serve_command
+from speedlimit.cli.simulate import simulate_command
 from speedlimit.cli.verify import calibrate_command, verify_command
 from speedlimit.errors import SpeedlimitError
 
@@ -44,6 +45,11 @@ EXAMPLES = {
         "speedlimit bench --url http://127.0.0.1:8000/v1 --concurrency 4 --requests 32",
         "speedlimit bench --url http://127.0.0.1:8000/v1 --sweep concurrency=1,2,4,8 --slo ttft=500ms,itl=50ms --out runs/a",
         "speedlimit bench --url http://127.0.0.1:8000/v1 --rate 2 --duration 60 --compare-estimate --hardware local",
+    ],
+    "simulate": [
+        "speedlimit simulate -m llama-3.1-8b -H h100-sxm --concurrency 64 --requests 1000 --prompt-tokens 1024 --output-tokens 256",
+        "speedlimit simulate -m llama-3.1-8b -H h100-sxm --sweep rate=5,10,20,40 --slo ttft=1s,tpot=50ms --out runs/sim",
+        "speedlimit simulate -m smollm2-135m -H local --engine serial --concurrency 4 --requests 16 --json",
     ],
     "verify": ["speedlimit verify --quick", "speedlimit verify --out verify.json"],
     "calibrate": ["speedlimit calibrate verify.json", "speedlimit calibrate verify.json runs/a/summary.json --name box --out box.toml"],
@@ -75,6 +81,7 @@ _register("models", models_command)
 _register("hardware", hardware_command)
 # bench leg
 _register("bench", bench_command)
+_register("simulate", simulate_command)
 # verify leg
 _register("verify", verify_command)
 _register("calibrate", calibrate_command)

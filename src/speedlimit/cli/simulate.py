@@ -1,0 +1,174 @@
+"""The `speedlimit simulate` command: estimate's model/hardware options, bench's workload and load options, the
+engine's knobs; prints bench's tables (plus what only a simulation sees) or JSON, and writes bench's files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from speedlimit.artifacts import RunSummary, SweepSummary, write_records
+from speedlimit.errors import SpeedlimitError
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:,.2f}"
+
+
+def simulation_table(summary: RunSummary) -> Table:
+    """What bench can't see: the engine's batch, queue and KV cache, and where each request's time went."""
+    sim = summary.simulation or {}
+    engine = summary.engine or {}
+    table = Table(title=f"inside the engine ({engine.get('mode', '?')}, max {engine.get('max_seqs')} sequences, "
+                        f"{engine.get('max_batched_tokens'):,} tokens/step, "
+                        f"{'chunked' if engine.get('chunked_prefill') else 'whole'} prefill)",
+                  show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    kv = sim.get("kv", {})
+    capacity = kv.get("capacity_tokens")
+    peak = kv.get("peak_fraction")
+    rows = [
+        ("engine steps", f"{sim.get('steps', 0):,} in {sim.get('simulated_s', 0):,.2f} s simulated"),
+        ("batch (sequences/step)", f"mean {sim['batch']['mean']:,.1f}, max {sim['batch']['max']:,}"),
+        ("tokens/step", f"mean {sim['tokens_per_step']['mean']:,.1f}, max {sim['tokens_per_step']['max']:,} "
+                        f"({sim.get('prefill_token_share', 0):.0%} prefill)"),
+        ("queue (waiting requests)", f"mean {sim['queue']['mean']:,.1f}, max {sim['queue']['max']:,}"),
+        ("KV cache", "unbounded (capacity unknown)" if capacity is None else
+         f"{capacity:,.0f} tokens, peak {peak:.0%} used, mean {kv.get('mean_fraction') or 0:.0%}"),
+        ("preemptions", f"{sim.get('preemptions', 0):,} ({sim.get('preempted_requests', 0):,} requests recomputed)"),
+    ]
+    records_split = sim.get("time_split")
+    if records_split:
+        rows.append(("time split (mean)", f"queue {_ms(records_split['queue_s'])} ms, prefill "
+                                           f"{_ms(records_split['prefill_s'])} ms, decode {_ms(records_split['decode_s'])} ms"))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def saturation_note(summary: RunSummary) -> str | None:
+    sim = summary.simulation or {}
+    if not sim.get("saturated") or sim.get("saturation_request_s") is None:
+        return None
+    rate = summary.offered_load.rate if summary.offered_load else None
+    return (f"the offered rate {rate:g} req/s exceeds the engine's saturation rate "
+            f"{sim['saturation_request_s']:.3g} req/s ({sim['saturation_output_tok_s']:,.0f} output tok/s): the queue "
+            f"grows without bound (it reached {sim['queue']['max']:,} waiting); latencies grow with the run's length")
+
+
+def print_simulation(console: Console, summary: RunSummary | SweepSummary) -> None:
+    from speedlimit.cli.bench_view import summary_table, sweep_table, totals_table
+
+    if isinstance(summary, SweepSummary):
+        console.print(sweep_table(summary))
+        info = summary.sweep
+        if summary.points and summary.points[0].slo:
+            slo = ", ".join(f"{k} ≤ {v * 1e3:g} ms" for k, v in summary.points[0].slo.items())
+            best = "none" if info.slo_max_load is None else f"{info.parameter}={info.slo_max_load:g}"
+            console.print(f"highest load meeting the SLOs ({slo}, for ≥ 99% of requests): {best}", highlight=False)
+        for point in summary.points:
+            note = saturation_note(point)
+            if note:
+                console.print(f"[yellow]rate {point.sweep_value:g}: {note}[/yellow]", highlight=False)
+        return
+    console.print(summary_table(summary, title="speedlimit simulate (predicted)"))
+    console.print(totals_table(summary))
+    console.print(simulation_table(summary))
+    note = saturation_note(summary)
+    if note:
+        console.print(f"[yellow]{note}[/yellow]", highlight=False)
+
+
+def simulate_command(
+    model: str = typer.Option(..., "--model", "-m", help="Catalog name, path to config.json or .gguf, or a size like 7B."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", "-H", help="Catalog name or calibrated profile (e.g. local)."),
+    profile: Optional[str] = typer.Option(None, help="Calibrated profile name (from `speedlimit calibrate`)."),
+    bandwidth: Optional[str] = typer.Option(None, help="Custom hardware: peak memory bandwidth, bytes/s."),
+    flops: Optional[str] = typer.Option(None, help="Custom hardware: peak FLOP/s."),
+    memory: Optional[str] = typer.Option(None, help="Custom hardware: memory capacity, bytes."),
+    weights: Optional[str] = typer.Option(None, help="Weight format: bits (16, 8, 4) or bf16/fp8/int8/int4/q4_0/…"),
+    kv: str = typer.Option("fp16", help="KV-cache format: fp16, bf16, fp8, int8, int4."),
+    compute: Optional[str] = typer.Option(None, help="Compute dtype of the matmuls: fp32, bf16, fp8, …"),
+    tp: int = typer.Option(1, help="Tensor-parallel devices."),
+    ideal: bool = typer.Option(False, "--ideal", help="The seed formula's step cost (peak rates, weights only)."),
+    bw_efficiency: Optional[float] = typer.Option(None, help="Achievable fraction of peak bandwidth (0-1]."),
+    flops_efficiency: Optional[float] = typer.Option(None, help="Achievable fraction of peak FLOP/s (0-1]."),
+    step_overhead: Optional[float] = typer.Option(None, help="Fixed cost of one engine step, seconds (default: "
+                                                            "the hardware's per-kernel launch cost)."),
+    sequence_overhead: Optional[float] = typer.Option(None, help="Engine cost per running sequence per step, seconds."),
+    prompt_tokens: str = typer.Option("128", help="Prompt length in tokens: N, uniform:LOW:HIGH or normal:MEAN:STD."),
+    output_tokens: str = typer.Option("64", help="Output tokens per request: N, uniform:LOW:HIGH or normal:MEAN:STD."),
+    dataset: Optional[Path] = typer.Option(None, help="bench's JSONL of prompts (lengths in words, or prompt_tokens)."),
+    seed: int = typer.Option(0, help="Seed for lengths and arrival times (bench's draws)."),
+    concurrency: Optional[int] = typer.Option(None, help="Closed loop: this many requests in flight (default 1)."),
+    rate: Optional[float] = typer.Option(None, help="Open loop: mean arrivals per second (inf = all at once)."),
+    burstiness: float = typer.Option(1.0, help="Gamma shape of arrivals: 1 Poisson, <1 burstier, >1 steadier."),
+    requests: Optional[int] = typer.Option(None, help="Requests to send (default 100 unless --duration)."),
+    duration: Optional[float] = typer.Option(None, help="Seconds of simulated time to keep sending."),
+    sweep: Optional[str] = typer.Option(None, help="concurrency=1,2,4 or rate=0.5,1,2: one run per value + knee."),
+    knee_fraction: float = typer.Option(0.9, help="Knee = lowest load reaching this fraction of peak tok/s."),
+    slo: Optional[str] = typer.Option(None, help="Goodput SLO, e.g. ttft=1s,tpot=50ms (keys ttft itl tpot e2e)."),
+    engine: str = typer.Option("continuous", help="continuous (batching, vLLM/llama-server) or serial (one request "
+                                                  "at a time, llama-cpp-python's server)."),
+    max_seqs: Optional[int] = typer.Option(None, help="Running-sequence cap (default 256; serial: 1)."),
+    max_batched_tokens: Optional[int] = typer.Option(None, help="Token budget per step (default 8192; serial: 512)."),
+    chunked_prefill: bool = typer.Option(True, help="Split prompts over steps within the token budget (else "
+                                                    "prefill-first steps of whole prompts)."),
+    block_size: int = typer.Option(16, help="KV-cache block size in tokens (paged attention)."),
+    kv_tokens: Optional[int] = typer.Option(None, help="KV-cache capacity in tokens (default: memory beside the "
+                                                       "weights; llama-server: its -c)."),
+    out: Optional[Path] = typer.Option(None, help="Directory for requests.jsonl and summary.json (bench's files)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+) -> None:
+    """Predict a serving engine under load, in bench's terms: TTFT/ITL/TPOT/E2E percentiles, throughput, goodput."""
+    from speedlimit.bench.metrics import parse_slo
+    from speedlimit.bench.runner import parse_sweep
+    from speedlimit.cli.estimate import _hardware_arg
+    from speedlimit.simulator.api import build_workload, engine_config, resolve, run_workload
+    from speedlimit.simulator.api import sweep as run_sweep
+
+    if not 0 < knee_fraction <= 1:
+        raise SpeedlimitError(f"--knee-fraction must be in (0, 1], got {knee_fraction}")
+    device = _hardware_arg(hardware, profile, bandwidth, flops, memory)
+    step = resolve(model, device, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal,
+                   bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead,
+                   sequence_overhead_s=sequence_overhead)
+    config = engine_config(engine, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
+                           chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step)
+    slo_bounds = parse_slo(slo)
+    workload_options = dict(burstiness=burstiness, requests=requests, duration_s=duration, prompt_tokens=prompt_tokens,
+                            output_tokens=output_tokens, dataset=dataset, seed=seed)
+    if sweep:
+        parameter, values = parse_sweep(sweep)
+        if concurrency is not None or rate is not None:
+            raise SpeedlimitError(f"--sweep {parameter}=… sets the load: drop --concurrency/--rate")
+        workloads = [build_workload(**{parameter: int(v) if parameter == "concurrency" else v}, **workload_options)
+                     for v in values]
+        summary, runs = run_sweep(step, config, parameter, values, workloads, slo_bounds, knee_fraction)
+        if out is not None:
+            for value, result in zip(values, runs):
+                point_dir = out / f"{parameter}_{value:g}"
+                point_dir.mkdir(parents=True, exist_ok=True)
+                write_records(point_dir / "requests.jsonl", result.records)
+                result.summary.save(point_dir / "summary.json")
+            summary.save(out / "summary.json")
+    else:
+        if concurrency is not None and rate is not None:
+            raise SpeedlimitError("give exactly one of --concurrency (closed loop) or --rate (open loop)")
+        workload = build_workload(concurrency=concurrency, rate=rate, **workload_options)
+        result = run_workload(step, config, workload, slo_bounds)
+        summary = result.summary
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            write_records(out / "requests.jsonl", result.records)
+            summary.save(out / "summary.json")
+    if json_output:
+        sys.stdout.write(json.dumps(summary.to_dict(), indent=2) + "\n")
+    else:
+        print_simulation(Console(), summary)

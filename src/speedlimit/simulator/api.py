@@ -1,0 +1,404 @@
+"""`simulate()`: resolve a scenario, build bench's workload, run the engine core, return bench's typed artifacts.
+
+The workload is bench's, draw for draw: prompt lengths from the same seeded generator (`numpy.random.default_rng([seed,
+0])`), open-loop arrival times from `bench.workload.arrival_offsets_s`, closed-loop clients that send the next request
+when one ends, dataset rows shuffled the same way. Records are `RequestRecord`s and the summary comes from
+`bench.metrics.summarize`, so every definition (TTFT, ITL, TPOT, E2E, goodput, throughput over first send → last end)
+is the one bench uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary
+from speedlimit.bench.metrics import find_knee, parse_slo, summarize
+from speedlimit.bench.workload import LengthSpec, arrival_offsets_s, load_dataset, parse_length_spec
+from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator import core
+from speedlimit.estimator.api import StepModel, step_model
+from speedlimit.simulator.engine import EngineConfig, RawRun, run
+
+#: Defaults per engine mode: vLLM's online-serving scheduler (256 sequences, 8,192 tokens per step, chunked
+#: prefill) and llama-cpp-python's server (one request at a time, prompts evaluated in n_batch = 512-token calls).
+ENGINE_DEFAULTS = {"continuous": {"max_seqs": 256, "max_batched_tokens": 8192},
+                   "serial": {"max_seqs": 1, "max_batched_tokens": 512}}
+#: Points kept of each over-time series in the summary's `simulation.timeline`.
+TIMELINE_POINTS = 200
+#: A sweep point meets the SLOs when at least this fraction of its completed requests meet every bound (the p99
+#: request is good).
+SLO_ATTAINMENT = 0.99
+#: Requests in the closed-loop run that measures the saturation rate (at concurrency = the engine's slots).
+SATURATION_REQUESTS = (200, 4000)
+MAX_REQUESTS = 10_000_000
+
+
+@dataclass
+class Workload:
+    """What the clients send: per-request prompt/output lengths (cycled in closed loop), and the load."""
+
+    prompts: list[int]
+    outputs: list[int]
+    concurrency: int | None = None
+    rate: float | None = None
+    burstiness: float = 1.0
+    requests: int | None = None
+    duration_s: float | None = None
+    arrivals: list[float] | None = None  # open loop: send times (seconds from start)
+    seed: int = 0
+    describe: dict[str, Any] | None = None
+
+    def load_info(self) -> LoadInfo:
+        return LoadInfo(concurrency=self.concurrency, rate=self.rate, burstiness=self.burstiness,
+                        requests=self.requests, duration_s=self.duration_s)
+
+
+@dataclass
+class Simulation:
+    """One simulated run: the summary (bench's `RunSummary`, ``source="simulate"``) and its per-request records."""
+
+    summary: RunSummary
+    records: list[RequestRecord]
+    raw: RawRun
+
+
+# --------------------------------------------------------------------------------------------
+# inputs
+
+
+def _whole(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value != int(value) or not low <= value <= high:
+        raise SpeedlimitError(f"--{name} must be a whole number between {low:,} and {high:,}, got {value!r}")
+    return int(value)
+
+
+def _length_spec(value: Any, what: str) -> LengthSpec:
+    spec = value if isinstance(value, LengthSpec) else parse_length_spec(str(value))
+    if spec.kind == "fixed" or spec.kind == "uniform":
+        _whole(what, spec.a, 1, 10_000_000)
+    if spec.kind == "uniform":
+        _whole(what, spec.b, 1, 10_000_000)
+    if spec.kind == "normal" and (spec.a > 10_000_000 or spec.b > 10_000_000):
+        raise SpeedlimitError(f"--{what} {value!r} is absurdly long")
+    return spec
+
+
+def engine_config(mode: str = "continuous", *, max_seqs: int | None = None, max_batched_tokens: int | None = None,
+                  chunked_prefill: bool = True, block_size: int = 16, kv_tokens: float | None = None,
+                  step: StepModel | None = None) -> EngineConfig:
+    """An engine from its mode's defaults and overrides; the KV capacity from memory beside the weights."""
+    mode = str(mode).strip().lower()
+    if mode not in ENGINE_DEFAULTS:
+        raise SpeedlimitError(f"--engine must be continuous or serial, got {mode!r}")
+    defaults = ENGINE_DEFAULTS[mode]
+    if mode == "serial" and max_seqs not in (None, 1):
+        raise SpeedlimitError("--engine serial runs one request at a time: drop --max-seqs or use --engine continuous")
+    max_seqs = _whole("max-seqs", defaults["max_seqs"] if max_seqs is None else max_seqs, 1, 1_000_000)
+    tokens = _whole("max-batched-tokens", defaults["max_batched_tokens"] if max_batched_tokens is None
+                    else max_batched_tokens, 1, 10_000_000)
+    block_size = _whole("block-size", block_size, 1, 65_536)
+    if kv_tokens is not None:
+        capacity = float(_whole("kv-tokens", kv_tokens, 1, 10**12))
+    elif step is not None:
+        per_token = float(core.kv_bytes_per_sequence(step.cost, 1.0))
+        budget = step.kv_budget_bytes()
+        if budget <= 0:
+            raise SpeedlimitError(f"{step.arch.name} does not fit on {step.tp} × {step.device.name}: the weights leave "
+                                  "no memory for the KV cache (try --tp, fewer --weights bits)")
+        capacity = math.floor(budget / per_token) if per_token > 0 and math.isfinite(budget) else math.inf
+    else:
+        capacity = math.inf
+    if max_batched_tokens is None and mode == "continuous" and tokens < max_seqs:
+        tokens = max_seqs
+    return EngineConfig(mode=mode, max_seqs=max_seqs, max_batched_tokens=tokens, chunked_prefill=bool(chunked_prefill),
+                        block_size=block_size, kv_capacity_tokens=capacity).check()
+
+
+def build_workload(*, concurrency: int | None = None, rate: float | None = None, burstiness: float = 1.0,
+                   requests: int | None = None, duration_s: float | None = None, prompt_tokens: Any = 128,
+                   output_tokens: Any = 64, dataset: Path | str | None = None, seed: int = 0) -> Workload:
+    """Bench's workload for these options, draw for draw (same seed → same lengths and arrival times as bench)."""
+    from speedlimit.bench.runner import LoadPlan  # validates the load options exactly as bench does
+
+    if concurrency is None and rate is None:
+        concurrency = 1
+    if concurrency is not None:
+        concurrency = _whole("concurrency", concurrency, 1, 1_000_000)
+    if rate is not None and not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate == rate):
+        raise SpeedlimitError(f"--rate must be a number of requests per second, got {rate!r}")
+    if rate is not None and math.isfinite(rate) and rate > 1e9:
+        raise SpeedlimitError(f"--rate {rate:g} is absurd (at most 1e9 requests/s; inf sends all at once)")
+    if burstiness is None or not math.isfinite(burstiness) or not 0 < burstiness <= 1e6:
+        raise SpeedlimitError(f"--burstiness must be a positive number, got {burstiness!r}")
+    if requests is not None:
+        requests = _whole("requests", requests, 1, MAX_REQUESTS)
+    if duration_s is not None and (not math.isfinite(duration_s) or not 0 < duration_s <= 1e7):
+        raise SpeedlimitError(f"--duration must be between 0 and 1e7 seconds, got {duration_s!r}")
+    seed = _whole("seed", seed, 0, 2**63 - 1)
+    plan = LoadPlan(concurrency=concurrency, rate=rate, burstiness=burstiness, requests=requests,
+                    duration_s=duration_s)
+    if plan.rate is not None and plan.duration_s is not None and math.isinf(plan.rate):
+        raise SpeedlimitError("--rate inf sends everything at once: give --requests, not --duration")
+    pool = plan.pool_size
+    if pool > MAX_REQUESTS:
+        raise SpeedlimitError(f"--rate × --duration asks for {pool:,} requests; at most {MAX_REQUESTS:,}")
+    rng = np.random.default_rng([seed, 0])
+    default_output = _length_spec(output_tokens, "output-tokens")
+    if dataset is not None:
+        rows = load_dataset(Path(dataset))
+        order = rng.permutation(len(rows))
+        prompts, outputs = [], []
+        fallback = default_output.sample(pool, np.random.default_rng([seed, 3]))
+        for i in range(pool):
+            row = rows[int(order[i % len(rows)])]
+            prompts.append(max(1, _dataset_prompt_tokens(row)))
+            given = row.get("output_tokens") or row.get("max_tokens")
+            outputs.append(_whole("output-tokens", given, 1, 10_000_000) if given is not None else fallback[i])
+        prompt_text = f"dataset {dataset}"
+    else:
+        spec = _length_spec(prompt_tokens, "prompt-tokens")
+        prompts = spec.sample(pool, rng)  # exactly bench's draw
+        outputs = default_output.sample(pool, np.random.default_rng([seed, 3]))
+        prompt_text = str(prompt_tokens)
+    arrivals = None
+    if plan.rate is not None:
+        arrivals = arrival_offsets_s(pool, plan.rate, plan.burstiness, seed)
+    return Workload(prompts=prompts, outputs=outputs, concurrency=plan.concurrency, rate=plan.rate,
+                    burstiness=plan.burstiness, requests=plan.requests, duration_s=plan.duration_s,
+                    arrivals=arrivals, seed=seed,
+                    describe={"prompt_tokens": prompt_text, "output_tokens": str(output_tokens),
+                              "dataset": str(dataset) if dataset else None, "seed": seed})
+
+
+def _dataset_prompt_tokens(row: dict[str, Any]) -> int:
+    """A dataset row's prompt length: its own `prompt_tokens` if given, else words (bench's count without a tokenizer)."""
+    given = row.get("prompt_tokens")
+    if given is not None:
+        return _whole("prompt_tokens in the dataset", given, 1, 10_000_000)
+    text = row.get("prompt") or row.get("text") or ""
+    if not text and isinstance(row.get("messages"), list):
+        text = "\n".join(str(m.get("content", "")) for m in row["messages"] if isinstance(m, dict))
+    return len(str(text).split())
+
+
+# --------------------------------------------------------------------------------------------
+# running
+
+
+def run_workload(step: StepModel, engine: EngineConfig, workload: Workload, slo: dict[str, float] | None = None,
+                 *, saturation: dict[str, float] | None = None, timeline_points: int = TIMELINE_POINTS) -> Simulation:
+    """Simulate ``workload`` on ``engine`` for the model/hardware ``step``; records and bench's summary."""
+    raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, arrivals=workload.arrivals,
+              concurrency=workload.concurrency, requests=workload.requests, duration_s=workload.duration_s)
+    records = build_records(raw)
+    duration = _duration(raw)
+    open_loop = workload.arrivals is not None
+    if open_loop and saturation is None:
+        saturation = saturation_point(step, engine, workload)
+    info = _simulation_block(raw, engine, workload, saturation, timeline_points)
+    summary = summarize(records, duration, slo or {}, source="simulate", offered_load=workload.load_info(),
+                        engine=_engine_block(step, engine, workload), simulation=info)
+    return Simulation(summary, records, raw)
+
+
+def _duration(raw: RawRun) -> float:
+    first = min(raw.arrival) if raw.arrival else 0.0
+    last = max((raw.end_times[s] for s in raw.last_step if s >= 0), default=first)
+    return last - first
+
+
+def build_records(raw: RawRun) -> list[RequestRecord]:
+    """Bench's records of a simulated run (built once at the end; ITL gaps share the step-gap float objects)."""
+    ends = raw.end_times
+    gaps = [0.0] + [ends[k] - ends[k - 1] for k in range(1, len(ends))]  # gaps[k]: end of step k-1 → end of k
+    construct = RequestRecord.trusted
+    records = []
+    for rid in range(raw.n):
+        arrival = raw.arrival[rid]
+        first_time = ends[raw.first_step[rid]]
+        end_time = ends[raw.last_step[rid]]
+        parts = raw.segments.get(rid)
+        if parts is None:
+            itl = gaps[raw.first_step[rid] + 1:raw.last_step[rid] + 1]
+        else:
+            itl = []
+            previous = None
+            for a, b in parts:
+                if previous is not None:
+                    itl.append(ends[a] - ends[previous])
+                itl.extend(gaps[a + 1:b + 1])
+                previous = b
+        output = raw.output[rid]
+        records.append(construct({
+            "index": rid, "start_ns": int(arrival * 1e9 + 0.5), "end_ns": int(end_time * 1e9 + 0.5),
+            "ttft_s": first_time - arrival, "itl_s": itl, "e2e_s": end_time - arrival, "prompt_tokens": raw.prompt[rid],
+            "output_tokens": output, "output_chunks": output, "token_count_source": "simulated",
+            "prompt_token_source": "simulated", "finish_reason": "length", "queue_s": raw.scheduled[rid] - arrival,
+            "prefill_s": first_time - raw.scheduled[rid], "decode_s": end_time - first_time,
+            "preemptions": raw.preemptions[rid]}))
+    return records
+
+
+def saturation_point(step: StepModel, engine: EngineConfig, workload: Workload) -> dict[str, float]:
+    """The engine's sustainable rate for this workload: a closed-loop run with every slot busy, in steady state
+    (completions between the 20th and 80th percentile, so the fill and the drain don't count)."""
+    slots = engine.slots
+    low, high = SATURATION_REQUESTS
+    n = int(min(high, max(low, 6 * slots)))
+    raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, concurrency=slots, requests=n)
+    ends = sorted(raw.end_times[s] for s in raw.last_step)
+    a, b = int(0.2 * len(ends)), int(0.8 * len(ends)) - 1
+    if b <= a or ends[b] <= ends[a]:
+        request_s = len(ends) / ends[-1]
+    else:
+        request_s = (b - a) / (ends[b] - ends[a])
+    mean_output = sum(raw.output) / len(raw.output)
+    return {"request_s": request_s, "output_tok_s": request_s * mean_output, "concurrency": slots}
+
+
+def _series(values: Sequence[float], idx: np.ndarray, digits: int = 4) -> list[float]:
+    array = np.asarray(values, dtype=float)[idx]
+    return [round(float(v), digits) for v in array]
+
+
+def _simulation_block(raw: RawRun, engine: EngineConfig, workload: Workload, saturation: dict[str, float] | None,
+                      points: int) -> dict[str, Any]:
+    """What bench can't see: steps, batch and tokens per step, queue and KV over time, the time split, saturation."""
+    ends = np.asarray(raw.end_times, dtype=float)
+    steps = len(ends)
+    dt = np.asarray(raw.step_s, dtype=float)
+    busy = float(dt.sum())
+    batch = np.asarray(raw.step_batch, dtype=float)
+    tokens = np.asarray(raw.step_tokens, dtype=float)
+    waiting = np.asarray(raw.step_waiting, dtype=float)
+    kv = np.asarray(raw.step_kv_blocks, dtype=float)
+    weight = dt / busy if busy > 0 else np.full(steps, 1.0 / max(steps, 1))
+    capacity_tokens = engine.kv_capacity_tokens
+    kv_fraction = kv / raw.kv_blocks if math.isfinite(raw.kv_blocks) else None
+    idx = np.unique(np.linspace(0, steps - 1, min(points, steps)).round().astype(int)) if steps else np.array([], int)
+    n = raw.n
+    queue = [raw.scheduled[i] - raw.arrival[i] for i in range(n)]
+    block: dict[str, Any] = {
+        "steps": steps,
+        "simulated_s": float(ends[-1]) if steps else 0.0,
+        "idle_s": raw.idle_s,
+        "batch": {"mean": float((batch * weight).sum()), "max": int(batch.max()) if steps else 0},
+        "tokens_per_step": {"mean": float(tokens.mean()) if steps else 0.0, "max": int(tokens.max()) if steps else 0},
+        "prefill_token_share": float(np.sum(raw.step_prefill) / tokens.sum()) if steps and tokens.sum() else 0.0,
+        "in_system": {"mean": float((np.asarray(raw.step_in_system, dtype=float) * weight).sum())},
+        "queue": {"mean": float((waiting * weight).sum()), "max": int(waiting.max()) if steps else 0,
+                  "mean_wait_s": float(np.mean(queue)) if n else 0.0},
+        "kv": {"capacity_tokens": capacity_tokens if math.isfinite(capacity_tokens) else None,
+               "block_size": engine.block_size,
+               "mean_fraction": float((kv_fraction * weight).sum()) if kv_fraction is not None and steps else None,
+               "peak_fraction": float(kv_fraction.max()) if kv_fraction is not None and steps else None},
+        "time_split": {"queue_s": float(np.mean(queue)) if n else None,
+                       "prefill_s": float(np.mean([raw.end_times[raw.first_step[i]] - raw.scheduled[i] for i in range(n)]))
+                       if n else None,
+                       "decode_s": float(np.mean([raw.end_times[raw.last_step[i]] - raw.end_times[raw.first_step[i]]
+                                                  for i in range(n)])) if n else None},
+        "preemptions": int(sum(raw.preemptions)),
+        "preempted_requests": len(raw.segments),
+        "saturated": False,
+        "timeline": {
+            "t_s": _series(ends, idx, 6), "batch": _series(batch, idx), "tokens": _series(tokens, idx),
+            "queue": _series(waiting, idx),
+            "kv_fraction": _series(kv_fraction, idx) if kv_fraction is not None else None,
+        },
+    }
+    if workload.arrivals is not None and saturation is not None:
+        rate = workload.rate if workload.rate is not None else math.inf
+        block["saturation_request_s"] = saturation["request_s"]
+        block["saturation_output_tok_s"] = saturation["output_tok_s"]
+        block["saturated"] = bool(rate > saturation["request_s"])
+    elif workload.concurrency is not None:
+        # closed loop: the engine is full when clients outnumber its slots or the KV cache holds them back
+        block["saturated"] = bool(block["queue"]["mean"] >= 0.5)
+    return block
+
+
+def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> dict[str, Any]:
+    return {
+        "model": step.arch.name, "hardware": step.device.name, "weights": step.weights_name, "kv": step.kv_name,
+        "tp": step.tp, "mode": engine.mode, "max_seqs": engine.slots, "max_batched_tokens": engine.max_batched_tokens,
+        "chunked_prefill": engine.chunked_prefill, "block_size": engine.block_size,
+        "kv_capacity_tokens": engine.kv_capacity_tokens if math.isfinite(engine.kv_capacity_tokens) else None,
+        "bw_efficiency": step.efficiency.bw_efficiency, "flops_efficiency": step.efficiency.flops_efficiency,
+        "step_overhead_s": float(step.machine.step_overhead_s),
+        "sequence_overhead_s": float(step.machine.sequence_overhead_s), "ideal": step.ideal,
+        "workload": workload.describe,
+    }
+
+
+def resolve(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None, tp=1, ideal=False,
+            bw_efficiency=None, flops_efficiency=None, step_overhead_s=None, sequence_overhead_s=None) -> StepModel:
+    """The model on the hardware (estimate's resolution), with the engine's per-sequence overhead."""
+    step = step_model(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal,
+                      bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead_s)
+    if sequence_overhead_s is not None:
+        if not math.isfinite(sequence_overhead_s) or not 0 <= sequence_overhead_s <= 1:
+            raise SpeedlimitError(f"--sequence-overhead must be between 0 and 1 second, got {sequence_overhead_s}")
+        step = step._replace(machine=step.machine._replace(sequence_overhead_s=float(sequence_overhead_s)))
+    return step
+
+
+def _slo(slo: Any) -> dict[str, float]:
+    return parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
+
+
+def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None, tp: int = 1, ideal: bool = False,
+             bw_efficiency: float | None = None, flops_efficiency: float | None = None,
+             step_overhead_s: float | None = None, sequence_overhead_s: float | None = None,
+             concurrency: int | None = None, rate: float | None = None, burstiness: float = 1.0,
+             requests: int | None = None, duration_s: float | None = None, prompt_tokens: Any = 128,
+             output_tokens: Any = 64, dataset: Path | str | None = None, seed: int = 0,
+             engine: str = "continuous", max_seqs: int | None = None, max_batched_tokens: int | None = None,
+             chunked_prefill: bool = True, block_size: int = 16, kv_tokens: int | None = None,
+             slo: str | dict[str, float] | None = None) -> Simulation:
+    """Predict a serving engine under load, in bench's terms: records and a `RunSummary` (``source="simulate"``).
+
+    Model/hardware/precision/TP as `estimate`; load and workload as `speedlimit bench` (closed loop with
+    ``concurrency`` or open loop with ``rate``; ``requests`` or ``duration_s``; bench's length distributions or a
+    dataset; ``seed``); the engine's mode and knobs; ``slo`` for goodput ("ttft=500ms,tpot=50ms" or a dict).
+    """
+    step = resolve(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal,
+                   bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead_s,
+                   sequence_overhead_s=sequence_overhead_s)
+    config = engine_config(engine, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
+                           chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step)
+    workload = build_workload(concurrency=concurrency, rate=rate, burstiness=burstiness, requests=requests,
+                              duration_s=duration_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                              dataset=dataset, seed=seed)
+    return run_workload(step, config, workload, _slo(slo))
+
+
+def sweep(step: StepModel, engine: EngineConfig, parameter: str, values: Sequence[float],
+          workloads: Sequence[Workload], slo: dict[str, float] | None = None,
+          knee_fraction: float = 0.9) -> tuple[SweepSummary, list[Simulation]]:
+    """One simulated run per load level (``workloads[i]`` at ``values[i]``), the knee, the saturation throughput
+    and the highest load that meets the SLOs (≥ 99% of its requests meet every bound, and so does every lower load)."""
+    runs: list[Simulation] = []
+    saturation = None
+    for value, workload in zip(values, workloads):
+        if workload.arrivals is not None and saturation is None:
+            saturation = saturation_point(step, engine, workload)
+        result = run_workload(step, engine, workload, slo, saturation=saturation)
+        result.summary.sweep_value = value
+        runs.append(result)
+    points = [r.summary for r in runs]
+    knee = find_knee(list(values), [p.output_tok_s for p in points], knee_fraction)
+    slo_max = None
+    if slo:
+        for point in sorted(points, key=lambda p: p.sweep_value):
+            if point.completed and point.goodput_requests >= SLO_ATTAINMENT * point.completed:
+                slo_max = point.sweep_value
+            else:
+                break
+    info = SweepInfo(parameter=parameter, values=list(values), slo_max_load=slo_max, **knee)
+    return SweepSummary(sweep=info, points=points, engine=points[0].engine if points else None), runs

@@ -1,0 +1,419 @@
+"""The pure core of `speedlimit simulate`: a discrete-event simulation of a serving engine's scheduler, step by step.
+
+No I/O and no pydantic objects in the loop: requests are plain Python lists indexed by request id, a step is a few
+running sums, and every step's duration comes from the one step-cost model (`estimator.core.step_seconds`).
+
+The engine (vLLM-v1-like, and llama.cpp's server with ``--parallel N``):
+
+- continuous batching: every running sequence that has finished its prefill decodes one token per step; sequences
+  join (from the FIFO queue) and leave (when done) at every step;
+- a cap on running sequences (``max_seqs``) and a per-step token budget (``max_batched_tokens``): decodes first,
+  then the prefill chunks of running sequences, then new sequences from the queue while budget, slots and KV blocks
+  last. With ``chunked_prefill`` a prompt may be split over steps; without it a step either prefills whole prompts
+  (prefill-first: decodes pause) or decodes;
+- a paged KV cache (``block_size``-token blocks, ``kv_capacity_tokens`` in all): a sequence holds ceil(cached/block)
+  blocks; when a running sequence needs a block and none is free, the most recently admitted sequence is preempted
+  (its blocks freed, it goes back to the head of the queue and later recomputes its prompt plus the tokens it had
+  generated, emitting its next token when that recompute ends);
+- ``serial``: one request at a time (llama-cpp-python's server): the same loop with one slot.
+
+A sequence with ``L`` tokens cached that decodes attends to ``L + 1`` keys (its new token too) and writes one KV entry,
+so a reply of ``o`` tokens after a ``p``-token prompt decodes at contexts p+1 … p+o−1, exactly what `estimate`'s mean
+ITL integrates. Per step, the running sums (Σ context, sliding-window Σ, blocks each decode needs) are kept
+incrementally with per-step event buckets, so a step costs O(1) in the number of running sequences, plus O(1) per
+event (a join, a finish, a preemption, a chunk).
+
+The first token of a request is emitted at the end of the step that completes its prefill; each later token at the
+end of the decode step that produced it. A record's times are seconds from the run's start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator import core
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the simulated engine schedules. ``kv_capacity_tokens`` is the KV cache size in tokens (inf: unbounded)."""
+
+    mode: Literal["continuous", "serial"] = "continuous"
+    max_seqs: int = 256
+    max_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    block_size: int = 16
+    kv_capacity_tokens: float = math.inf
+
+    @property
+    def slots(self) -> int:
+        return 1 if self.mode == "serial" else self.max_seqs
+
+    @property
+    def kv_blocks(self) -> float:
+        return math.inf if not math.isfinite(self.kv_capacity_tokens) else float(int(self.kv_capacity_tokens // self.block_size))
+
+    def check(self) -> "EngineConfig":
+        if self.mode not in ("continuous", "serial"):
+            raise SpeedlimitError(f"--engine must be continuous or serial, got {self.mode!r}")
+        for name, value in (("max-seqs", self.max_seqs), ("max-batched-tokens", self.max_batched_tokens),
+                            ("block-size", self.block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000_000:
+                raise SpeedlimitError(f"--{name} must be a whole number between 1 and 10,000,000, got {value!r}")
+        if self.max_batched_tokens < self.slots:
+            raise SpeedlimitError(f"--max-batched-tokens ({self.max_batched_tokens}) must be at least --max-seqs "
+                                  f"({self.slots}): every running sequence decodes one token per step")
+        if not (self.kv_capacity_tokens > 0):
+            raise SpeedlimitError(f"the KV cache holds no tokens ({self.kv_capacity_tokens!r}): the weights leave no "
+                                  "memory for it; use more memory, --tp, fewer --weights bits or --kv-tokens")
+        return self
+
+
+@dataclass
+class RawRun:
+    """What one simulated run produced, as plain lists (records and summary are built from it afterwards)."""
+
+    n: int  # requests issued
+    prompt: list[int]
+    output: list[int]
+    arrival: list[float]
+    scheduled: list[float]  # start of the first step that computed any of its tokens
+    first_step: list[int]  # step whose end emitted the first token
+    last_step: list[int]  # step whose end emitted the last token
+    preemptions: list[int]
+    segments: dict[int, list[tuple[int, int]]]  # only preempted requests: inclusive step ranges that emitted tokens
+    end_times: list[float]  # end time of each step
+    step_s: list[float]  # duration of each step
+    step_batch: list[int]  # sequences in each step
+    step_tokens: list[int]  # tokens computed in each step
+    step_prefill: list[int]  # of which prefill tokens
+    step_waiting: list[int]  # queue length during each step
+    step_in_system: list[int]  # requests arrived and not finished, at the start of each step
+    step_kv_blocks: list[int]  # KV blocks in use after each step
+    kv_blocks: float
+    idle_s: float = 0.0  # time with nothing to run (open loop)
+    extra: dict = field(default_factory=dict)
+
+    def emission_steps(self, rid: int) -> list[tuple[int, int]]:
+        return self.segments.get(rid) or [(self.first_step[rid], self.last_step[rid])]
+
+
+def _blocks(tokens: int, block: int) -> int:
+    return -(-tokens // block)
+
+
+def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, prompts: list[int], outputs: list[int], *,
+        arrivals: list[float] | None = None, concurrency: int | None = None, requests: int | None = None,
+        duration_s: float | None = None) -> RawRun:
+    """Simulate the engine serving a workload; returns per-request and per-step facts (no summaries).
+
+    Open loop: ``arrivals`` (seconds, non-decreasing), request i has ``prompts[i]``/``outputs[i]``; with
+    ``duration_s`` only arrivals before it are sent. Closed loop: ``concurrency`` clients each send the next request
+    (lengths cycling through ``prompts``/``outputs``) as soon as their previous one ends, ``requests`` in all, or
+    until ``duration_s`` (no request starts after it).
+    """
+    engine.check()
+    block = engine.block_size
+    total_blocks = engine.kv_blocks
+    free_blocks = total_blocks
+    slots = engine.slots
+    budget_max = engine.max_batched_tokens
+    chunked = engine.chunked_prefill
+    window = float(cost.window)
+    windowed = math.isfinite(window)
+    pool = len(prompts)
+    if pool == 0:
+        raise SpeedlimitError("the workload has no requests")
+    longest = max(p + o for p, o in zip(prompts, outputs))
+    if math.isfinite(total_blocks) and _blocks(longest - 1, block) > total_blocks:
+        raise SpeedlimitError(
+            f"a request of {longest:,} tokens (prompt + output) can never be admitted: the KV cache holds "
+            f"{int(total_blocks * block):,} tokens ({int(total_blocks):,} blocks of {block}); shorten the prompt "
+            "or output, or give the cache more memory")
+    if not chunked and max(prompts) + max(outputs) - 1 > budget_max:
+        raise SpeedlimitError(
+            f"without chunked prefill a prompt is computed in one step, but a prompt (plus recompute) of up to "
+            f"{max(prompts) + max(outputs) - 1:,} tokens exceeds --max-batched-tokens {budget_max:,}: raise it or "
+            "use --chunked-prefill")
+
+    closed = arrivals is None
+    # per-request state (lists grow as requests are issued)
+    R_prompt: list[int] = []
+    R_output: list[int] = []
+    R_arrival: list[float] = []
+    R_sched: list[float] = []
+    R_first: list[int] = []
+    R_last: list[int] = []
+    R_pre: list[int] = []
+    R_gen: list[int] = []  # tokens generated so far
+    R_target: list[int] = []  # tokens to compute before the next token is emitted (prompt, or prompt + generated)
+    R_done: list[int] = []  # tokens computed (cached) toward target
+    R_s0: list[int] = []  # step at which the current decode segment began
+    R_L0: list[int] = []  # tokens cached at that step
+    R_seg: list[int] = []  # segment id: bumps at each preemption, so stale events are skipped
+    R_emit0: list[int] = []  # first emitting step of the current segment
+    segments: dict[int, list[tuple[int, int]]] = {}
+
+    def issue(at: float, index: int) -> int:
+        rid = len(R_prompt)
+        R_prompt.append(prompts[index % pool])
+        R_output.append(outputs[index % pool])
+        R_arrival.append(at)
+        R_sched.append(-1.0)
+        R_first.append(-1)
+        R_last.append(-1)
+        R_pre.append(0)
+        R_gen.append(0)
+        R_target.append(prompts[index % pool])
+        R_done.append(0)
+        R_s0.append(0)
+        R_L0.append(0)
+        R_seg.append(0)
+        R_emit0.append(-1)
+        return rid
+
+    waiting: deque[int] = deque()
+    running: dict[int, None] = {}  # admission order (the tail is the preemption victim)
+    prefilling: dict[int, None] = {}  # running, not yet emitting
+    decoding: dict[int, None] = {}
+    finish_at: dict[int, list[tuple[int, int]]] = {}  # step -> [(rid, seg)]
+    cross_at: dict[int, list[tuple[int, int]]] = {}  # step -> decoders whose context reaches the window then
+    residue = [0] * block  # decoders by (L0 - s0) % block: those with r == -s % block need a block at step s
+    sum_ctx = 0  # Σ (cached + 1) over decoders at the current step
+    sum_local = 0.0  # Σ min(cached + 1, window)
+    n_below = 0  # decoders whose context is still below the window
+
+    end_times: list[float] = []
+    step_s_list: list[float] = []
+    step_batch: list[int] = []
+    step_tokens: list[int] = []
+    step_prefill: list[int] = []
+    step_waiting: list[int] = []
+    step_in_system: list[int] = []
+    step_kv: list[int] = []
+
+    issued = 0
+    completed = 0
+    if closed:
+        limit = requests if requests is not None else math.inf
+        while issued < min(concurrency, limit):
+            waiting.append(issue(0.0, issued))
+            issued += 1
+    else:
+        limit = len(arrivals)
+        if duration_s is not None:
+            limit = sum(1 for a in arrivals if a < duration_s) or 1
+    next_arrival = 0
+    now = 0.0
+    idle_s = 0.0
+    step = 0
+    step_seconds = core.step_seconds
+    StepBatch = core.StepBatch
+    causal = core.causal_pairs
+    inf = math.inf
+
+    def ctx_now(rid: int, s: int) -> int:  # cached tokens of a decoder at the start of step s
+        return R_L0[rid] + s - R_s0[rid]
+
+    def drop_decoder(rid: int, s: int) -> int:
+        """Remove a decoder (finished after step s-1, or preempted before step s); returns its cached tokens."""
+        nonlocal sum_ctx, sum_local, n_below
+        cached = ctx_now(rid, s)
+        del decoding[rid]
+        residue[(R_L0[rid] - R_s0[rid]) % block] -= 1
+        sum_ctx -= cached + 1
+        if windowed:
+            sum_local -= min(cached + 1, window)
+            if cached + 1 < window:
+                n_below -= 1
+        return cached
+
+    def preempt(rid: int, s: int) -> None:
+        nonlocal free_blocks
+        if rid in decoding:  # it emitted at every step of its segment up to the last one
+            cached = drop_decoder(rid, s)
+            R_gen[rid] += s - R_s0[rid]
+            R_last[rid] = s - 1
+            segments.setdefault(rid, []).append((R_emit0[rid], s - 1))
+        else:  # still prefilling: nothing emitted since its last segment closed
+            cached = R_done[rid]
+            del prefilling[rid]
+        del running[rid]
+        free_blocks += _blocks(cached, block)
+        R_seg[rid] += 1
+        R_pre[rid] += 1
+        R_done[rid] = 0
+        R_target[rid] = R_prompt[rid] + R_gen[rid]
+        R_emit0[rid] = -1
+        waiting.appendleft(rid)
+
+    while True:
+        if not closed:
+            while next_arrival < limit and arrivals[next_arrival] <= now:
+                waiting.append(issue(arrivals[next_arrival], next_arrival))
+                next_arrival += 1
+                issued += 1
+        if not running and not waiting:
+            if not closed and next_arrival < limit:
+                idle_s += arrivals[next_arrival] - now
+                now = arrivals[next_arrival]
+                continue
+            break
+        s = step
+        budget = budget_max
+        completed_before = completed
+        # --- decodes: every decoder, one token; blocks for those crossing a block boundary ------------------
+        prefill_only = False
+        if not chunked and waiting and len(running) < slots:
+            head = waiting[0]
+            need = _blocks(R_target[head], block)
+            prefill_only = free_blocks >= need  # prefill-first: decodes wait while a prompt can start
+        n_dec = 0
+        if decoding and not prefill_only:
+            need = residue[(-s) % block]
+            while need > free_blocks:
+                victim = next(reversed(running))
+                if victim in decoding and (ctx_now(victim, s) % block) == 0:
+                    need -= 1
+                preempt(victim, s)
+            free_blocks -= need
+            n_dec = len(decoding)
+            budget -= n_dec
+        # --- prefill chunks: running sequences first, then new ones from the queue ----------------------------
+        pf_seqs = 0
+        pf_tokens = 0
+        pf_ctx = 0.0
+        pf_local = 0.0
+        pf_pairs = 0.0
+        pf_pairs_local = 0.0
+        chunks: list[tuple[int, int]] = []
+        if chunked or prefill_only:
+            for rid in list(prefilling):
+                if budget <= 0:
+                    break
+                if rid not in prefilling:  # preempted below to make room
+                    continue
+                done = R_done[rid]
+                n = min(R_target[rid] - done, budget)
+                need = _blocks(done + n, block) - _blocks(done, block)
+                # make room by preempting later-admitted prefills (decoders of this step are already counted)
+                while need > free_blocks and next(reversed(running)) != rid and next(reversed(running)) in prefilling:
+                    preempt(next(reversed(running)), s)
+                if need > free_blocks:
+                    n = int(free_blocks * block + (-done) % block)
+                    if n <= 0:
+                        continue
+                    need = _blocks(done + n, block) - _blocks(done, block)
+                free_blocks -= need
+                chunks.append((rid, n))
+                budget -= n
+            while waiting and budget > 0 and len(running) < slots:
+                rid = waiting[0]
+                n = R_target[rid] if not chunked else min(R_target[rid], budget)
+                if n > budget:
+                    break
+                need = _blocks(n, block)
+                if need > free_blocks:
+                    break
+                waiting.popleft()
+                free_blocks -= need
+                running[rid] = None
+                prefilling[rid] = None
+                if R_sched[rid] < 0:
+                    R_sched[rid] = now
+                chunks.append((rid, n))
+                budget -= n
+        for rid, n in chunks:
+            start = R_done[rid]
+            end = start + n
+            R_done[rid] = end
+            pf_seqs += 1
+            pf_tokens += n
+            pf_ctx += end
+            pf_pairs += causal(end) - causal(start)
+            if windowed:
+                pf_local += min(end, window)
+                pf_pairs_local += causal(end, window) - causal(start, window)
+        if not windowed:
+            pf_local = pf_ctx
+            pf_pairs_local = pf_pairs
+        if n_dec == 0 and pf_seqs == 0:
+            # nothing could run: only possible when the queue head waits for blocks that nothing will free
+            raise SpeedlimitError("the simulated engine stalled: the queued request does not fit in the KV cache")
+        batch = StepBatch(n_dec, float(sum_ctx) if n_dec else 0.0,
+                          (sum_local if windowed else float(sum_ctx)) if n_dec else 0.0,
+                          pf_seqs, pf_tokens, pf_ctx, pf_local, pf_pairs, pf_pairs_local)
+        dt = step_seconds(cost, machine, batch)
+        now += dt
+        end_times.append(now)
+        step_s_list.append(dt)
+        step_batch.append(n_dec + pf_seqs)
+        step_tokens.append(n_dec + pf_tokens)
+        step_prefill.append(pf_tokens)
+        step_waiting.append(len(waiting))
+        step_in_system.append(issued - completed_before)
+        # --- after the step: decoders advance, some finish; completed prefills emit ---------------------------
+        if n_dec:
+            sum_ctx += n_dec
+            if windowed:
+                sum_local += n_below
+                for rid, seg in cross_at.pop(s + 1, ()):
+                    if R_seg[rid] == seg and rid in decoding:
+                        n_below -= 1
+            for rid, seg in finish_at.pop(s, ()):
+                if R_seg[rid] != seg or rid not in decoding:
+                    continue
+                cached = drop_decoder(rid, s + 1)
+                free_blocks += _blocks(cached, block)
+                del running[rid]
+                R_gen[rid] = R_output[rid]
+                R_last[rid] = s
+                completed += 1
+                if closed and issued < limit and (duration_s is None or now < duration_s):
+                    waiting.append(issue(now, issued))
+                    issued += 1
+        for rid, n in chunks:
+            if R_done[rid] < R_target[rid]:
+                continue
+            del prefilling[rid]
+            if R_first[rid] < 0:
+                R_first[rid] = s
+            R_emit0[rid] = s
+            R_gen[rid] += 1
+            R_last[rid] = s
+            if R_gen[rid] >= R_output[rid]:
+                del running[rid]
+                free_blocks += _blocks(R_done[rid], block)
+                completed += 1
+                if closed and issued < limit and (duration_s is None or now < duration_s):
+                    waiting.append(issue(now, issued))
+                    issued += 1
+                continue
+            # becomes a decoder from the next step
+            cached = R_done[rid]
+            R_s0[rid] = s + 1
+            R_L0[rid] = cached
+            decoding[rid] = None
+            residue[(cached - s - 1) % block] += 1
+            sum_ctx += cached + 1
+            seg = R_seg[rid]
+            finish_at.setdefault(s + R_output[rid] - R_gen[rid], []).append((rid, seg))
+            if windowed:
+                sum_local += min(cached + 1, window)
+                if cached + 1 < window:
+                    n_below += 1
+                    cross_at.setdefault(s + 1 + int(window) - cached - 1, []).append((rid, seg))
+        step_kv.append(0 if total_blocks == inf else int(total_blocks - free_blocks))
+        step += 1
+
+    n = len(R_prompt)
+    for rid, parts in segments.items():  # close the last segment of every preempted request
+        parts.append((R_emit0[rid], R_last[rid]))
+    return RawRun(n=n, prompt=R_prompt, output=R_output, arrival=R_arrival, scheduled=R_sched, first_step=R_first,
+                  last_step=R_last, preemptions=R_pre, segments=segments, end_times=end_times, step_s=step_s_list, step_batch=step_batch,
+                  step_tokens=step_tokens, step_prefill=step_prefill, step_waiting=step_waiting, step_in_system=step_in_system,
+                  step_kv_blocks=step_kv, kv_blocks=total_blocks, idle_s=idle_s)
