@@ -1,7 +1,10 @@
-"""`--compare-estimate`: put a measured run next to the estimator's prediction for the same model, hardware and
-workload, with measured/predicted ratios (> 1 means slower than predicted for latencies, faster for throughputs).
+"""`--compare-estimate`: put a measured run next to the prediction for the same model, hardware and workload, with
+measured/predicted ratios (> 1 means slower than predicted for latencies, faster for throughputs).
 
-The workload maps onto `estimate()` as: batch = the concurrency (closed loop) or the measured mean number of requests
+`replay_for` (what bench uses): the serving simulator runs exactly the workload bench sent (each request's prompt and
+output tokens; the concurrency, or the measured send times) and every metric and percentile is compared.
+
+`estimate_for` (the static estimate, kept for the API): the workload maps onto `estimate()` as: batch = the concurrency (closed loop) or the measured mean number of requests
 in flight (open loop, Little's law), prompt = mean prompt tokens, output = mean output tokens.
 """
 
@@ -47,23 +50,75 @@ def compare(summary: RunSummary, predicted: dict[str, Any]) -> dict[str, Compari
     return rows
 
 
-def estimate_for(summary: RunSummary, *, hardware: str, served_model: str | None,
-                 estimate_model: str | None) -> PredictionBlock:
-    """Run the estimator for this run and return the summary's `estimate` block."""
-    from speedlimit.catalog import resolve_model
-    from speedlimit.estimator import estimate
+#: Metrics compared by the replay: every latency at every statistic, then the throughputs.
+REPLAY_LATENCIES = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
+REPLAY_STATS = ("mean", "p50", "p90", "p95", "p99")
+REPLAY_RATES = ("request_s", "output_tok_s", "total_tok_s", "decode_tok_s_per_user")
 
-    inputs = estimate_inputs(summary)
+
+def replay_figures(summary: RunSummary) -> dict[str, float | None]:
+    """Every compared figure of a run summary, measured or simulated (pure)."""
+    figures: dict[str, float | None] = {}
+    for metric in REPLAY_LATENCIES:
+        for stat in REPLAY_STATS:
+            figures[f"{metric}.{stat}"] = getattr(getattr(summary, metric), stat)
+    for rate in REPLAY_RATES:
+        figures[rate] = getattr(summary, rate)
+    return figures
+
+
+def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str | None, estimate_model: str | None,
+               engine: str | None = None) -> PredictionBlock:
+    """Simulate the workload this run sent and return the summary's prediction block (``method="simulate"``)."""
+    from speedlimit.simulator import replay
+
+    architecture = _architecture(served_model, estimate_model)
+    simulated = replay(records, summary.offered_load, architecture, hardware, engine, summary.slo).summary
+    measured, predicted = replay_figures(summary), replay_figures(simulated)
+    rows = {}
+    for label, value in measured.items():
+        expected = predicted.get(label)
+        rows[label] = Comparison(measured=value, predicted=expected,
+                                 ratio=value / expected if value is not None and expected else None)
+    load = summary.offered_load
+    inputs = {"requests": float(simulated.requests)}
+    if load is not None and load.concurrency:
+        inputs["concurrency"] = float(load.concurrency)
+    elif load is not None and load.rate is not None:
+        inputs["rate"] = float(load.rate)
+    if simulated.completed:
+        inputs["prompt"] = simulated.prompt_tokens / simulated.completed
+        inputs["output"] = simulated.output_tokens / simulated.completed
+    return PredictionBlock(model=estimate_model or served_model or "?", hardware=hardware, method="simulate",
+                           inputs=inputs, predicted={**predicted, "engine": simulated.engine,
+                                                     "simulation": {k: v for k, v in (simulated.simulation or {}).items()
+                                                                    if k != "timeline"}},
+                           comparison=rows)
+
+
+def _architecture(served_model: str | None, estimate_model: str | None):
+    from speedlimit.catalog import resolve_model
+
     model = estimate_model or served_model
     if not model:
         raise SpeedlimitError("--compare-estimate needs --estimate-model NAME_OR_PATH (the served model is unknown)")
     try:
-        architecture = resolve_model(model)
+        return resolve_model(model)
     except SpeedlimitError as error:
         if estimate_model:
             raise
         raise SpeedlimitError(f"the served model {model!r} is not something the estimator knows ({error}); "
                               "pass --estimate-model CATALOG_NAME_OR_PATH") from None
+
+
+def estimate_for(summary: RunSummary, *, hardware: str, served_model: str | None,
+                 estimate_model: str | None) -> PredictionBlock:
+    """Run the estimator for this run and return the summary's `estimate` block."""
+    from speedlimit.estimator import estimate
+
+    inputs = estimate_inputs(summary)
+    model = estimate_model or served_model
+    architecture = _architecture(served_model, estimate_model)
     predicted = estimate(architecture, hardware, **inputs).to_dict()
     return PredictionBlock(model=model, hardware=hardware, inputs=inputs, predicted=predicted,
                            comparison=compare(summary, predicted))

@@ -346,6 +346,7 @@ class BenchRunner:
         self.interrupted: str | None = None  # the signal that stopped this invocation
         self._sender: Any = None  # what `stop` stops: the run's _Sender, or the ScaleOut of a --workers run
         self._running = 0  # > 0 inside run()/sweep(): a signal then stops the run instead of cancelling
+        self.results: list[RunResult] = []  # every run of this invocation, in order (what --compare-estimate replays)
 
     async def __aenter__(self) -> "BenchRunner":
         raise_open_file_limit()
@@ -490,7 +491,8 @@ class BenchRunner:
                             workers=workers_info)
         if out_dir is not None:
             summary.save(out_dir / "summary.json")
-        return RunResult(records, summary)
+        self.results.append(RunResult(records, summary))
+        return self.results[-1]
 
     async def _run_on_workers(self, plan: LoadPlan, specs: list[RequestSpec], n_requests: int,
                               offsets: list[float] | None, on_record: Callable[[RequestRecord], None]):

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from speedlimit.artifacts import RunSummary, SweepSummary
 from speedlimit.bench.client import API_KEY_ENV, Endpoint, run_async
-from speedlimit.bench.compare import estimate_for
+from speedlimit.bench.compare import replay_for
 from speedlimit.bench.metrics import parse_slo
 from speedlimit.cli.bench_view import LiveProgress, print_interrupted, print_summary, print_warnings
 from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan, check_out_dir, parse_sweep, prepare_out_dir
@@ -85,8 +85,13 @@ def bench_command(
                                                         "lengths and output token counts without asking the server."),
     skip_preflight: bool = typer.Option(False, help="Do not check /v1/models or probe the tokenizer first."),
     progress: bool = typer.Option(True, help="Show live progress on stderr."),
-    compare_estimate: bool = typer.Option(False, help="Add the estimator's prediction and measured/predicted."),
-    hardware: Optional[str] = typer.Option(None, help="Hardware catalog name for --compare-estimate."),
+    compare_estimate: bool = typer.Option(False, help="Replay the workload sent through the serving simulator and "
+                                                      "add measured/predicted for every metric and percentile."),
+    hardware: Optional[str] = typer.Option(None, help="Hardware catalog name or calibrated profile for "
+                                                      "--compare-estimate."),
+    replay_engine: str = typer.Option("continuous", help="Engine the replay simulates: continuous or serial, then "
+                                                         "key=value (max_seqs, max_batched_tokens, kv_tokens, "
+                                                         "chunked_prefill, step_overhead, sequence_overhead)."),
     estimate_model: Optional[str] = typer.Option(None, help="Catalog name or config.json/.gguf path for the "
                                                             "estimate (default: the served model name)."),
     workers: Optional[int] = typer.Option(None, help="Processes sending the load (default 1): concurrency slots or "
@@ -103,7 +108,10 @@ def bench_command(
     if compare_estimate:  # fail before the run, not after it
         from speedlimit.catalog import resolve_hardware, resolve_model
 
+        from speedlimit.simulator import parse_engine_spec
+
         resolve_hardware(hardware)
+        parse_engine_spec(replay_engine)
         if estimate_model:
             resolve_model(estimate_model)
     if not 0 < timeout < math.inf:
@@ -154,13 +162,14 @@ def bench_command(
         stderr.print(f"interrupted ({runner.interrupted or 'SIGINT'}) before a summary was written{where}",
                      highlight=False, soft_wrap=True)
         raise typer.Exit(code=130) from None
+    results = runner.results
     runs = summary.points if isinstance(summary, SweepSummary) else [summary]
     comparison_error = None
     if compare_estimate:
         try:
-            for point in runs:
-                point.estimate = estimate_for(point, hardware=hardware, served_model=endpoint.model,
-                                              estimate_model=estimate_model)
+            for point, result in zip(runs, results):
+                point.estimate = replay_for(point, result.records, hardware=hardware, served_model=endpoint.model,
+                                            estimate_model=estimate_model, engine=replay_engine)
         except SpeedlimitError as error:  # measured results still get printed (and are already on disk)
             comparison_error = error
         if out is not None:

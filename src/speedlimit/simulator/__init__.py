@@ -3,8 +3,9 @@
 `simulate()` predicts a run in bench's own terms (records and a `RunSummary`); `engine` is the pure core.
 """
 
-from speedlimit.simulator.api import Simulation, Workload, build_workload, engine_config, run_workload, simulate, sweep
+from speedlimit.simulator.api import (Simulation, Workload, build_workload, engine_config, parse_engine_spec, replay,
+                                      run_workload, simulate, sweep)
 from speedlimit.simulator.engine import EngineConfig
 
-__all__ = ["EngineConfig", "Simulation", "Workload", "build_workload", "engine_config", "run_workload", "simulate",
-           "sweep"]
+__all__ = ["EngineConfig", "Simulation", "Workload", "build_workload", "engine_config", "parse_engine_spec", "replay",
+           "run_workload", "simulate", "sweep"]

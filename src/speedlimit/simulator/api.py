@@ -402,3 +402,62 @@ def sweep(step: StepModel, engine: EngineConfig, parameter: str, values: Sequenc
                 break
     info = SweepInfo(parameter=parameter, values=list(values), slo_max_load=slo_max, **knee)
     return SweepSummary(sweep=info, points=points, engine=points[0].engine if points else None), runs
+
+
+# --------------------------------------------------------------------------------------------
+# replaying a measured run (bench --compare-estimate)
+
+ENGINE_SPEC_KEYS = {"max_seqs": int, "max_batched_tokens": int, "kv_tokens": int, "block_size": int,
+                    "chunked_prefill": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
+                    "step_overhead": float, "sequence_overhead": float}
+
+
+def parse_engine_spec(text: str | None) -> dict[str, Any]:
+    """'continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192' or 'serial' -> engine options."""
+    parts = [p.strip() for p in str(text or "continuous").split(",") if p.strip()]
+    if not parts:
+        parts = ["continuous"]
+    options: dict[str, Any] = {"mode": parts[0].lower()}
+    if options["mode"] not in ENGINE_DEFAULTS:
+        raise SpeedlimitError(f"bad engine {text!r}: start with continuous or serial, then key=value options "
+                              f"({', '.join(ENGINE_SPEC_KEYS)})")
+    for part in parts[1:]:
+        key, sep, value = part.partition("=")
+        key = key.strip().lower().replace("-", "_")
+        if not sep or key not in ENGINE_SPEC_KEYS:
+            raise SpeedlimitError(f"bad engine option {part!r}: use key=value with keys {', '.join(ENGINE_SPEC_KEYS)}")
+        try:
+            options[key] = ENGINE_SPEC_KEYS[key](value)
+        except ValueError:
+            raise SpeedlimitError(f"bad engine option {part!r}: {value!r} is not a number") from None
+    return options
+
+
+def replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None) -> Workload:
+    """The workload a measured run sent: each completed request's prompt and output tokens, and the same load
+    (closed loop: its concurrency, requests issued in the same order; open loop: the measured send times)."""
+    done = [r for r in records if r.ok and r.output_tokens and r.prompt_tokens is not None]
+    if not done:
+        raise SpeedlimitError("the run has no completed request with known prompt and output tokens to replay")
+    concurrency = load.concurrency if load is not None else None
+    if concurrency:
+        done.sort(key=lambda r: r.index)
+        return Workload(prompts=[max(1, r.prompt_tokens) for r in done], outputs=[r.output_tokens for r in done],
+                        concurrency=int(concurrency), requests=len(done),
+                        describe={"replay": "closed loop", "requests": len(done)})
+    done.sort(key=lambda r: (r.start_ns, r.index))
+    first = done[0].start_ns
+    return Workload(prompts=[max(1, r.prompt_tokens) for r in done], outputs=[r.output_tokens for r in done],
+                    rate=load.rate if load is not None else None, burstiness=load.burstiness if load else 1.0,
+                    requests=len(done), arrivals=[(r.start_ns - first) / 1e9 for r in done],
+                    describe={"replay": "open loop, measured send times", "requests": len(done)})
+
+
+def replay(records: Sequence[RequestRecord], load: LoadInfo | None, model: Any, hardware: Any,
+           engine: str | None = None, slo: dict[str, float] | None = None) -> Simulation:
+    """Simulate exactly the workload a bench run sent, on ``engine`` (a spec for `parse_engine_spec`)."""
+    options = parse_engine_spec(engine)
+    step = resolve(model, hardware, step_overhead_s=options.pop("step_overhead", None),
+                   sequence_overhead_s=options.pop("sequence_overhead", None))
+    config = engine_config(options.pop("mode"), step=step, **options)
+    return run_workload(step, config, replay_workload(records, load), slo)

@@ -1,0 +1,40 @@
+"""`bench --compare-estimate` end to end against the fake server: every sweep point gets a replay block."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+
+from faulty_server import FaultyOpenAIServer  # noqa: E402
+
+
+def test_bench_sweep_compare_estimate_replays_every_point(tmp_path, capsys):
+    from speedlimit import cli
+
+    with FaultyOpenAIServer() as server:
+        argv = ["speedlimit", "bench", "--url", server.url("ok"), "--sweep", "concurrency=1,4", "--requests", "8",
+                "--output-tokens", "5", "--out", str(tmp_path), "--json", "--no-progress", "--compare-estimate",
+                "--hardware", "h100-sxm", "--estimate-model", "smollm2-135m", "--replay-engine",
+                "continuous,max_seqs=4"]
+        old, sys.argv = sys.argv, argv
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code or 0
+        finally:
+            sys.argv = old
+    out = capsys.readouterr().out
+    assert code == 0
+    summary = json.loads(out)
+    for point in summary["points"]:
+        block = point["estimate"]
+        assert block["method"] == "simulate"
+        assert block["comparison"]["ttft_s.p99"]["measured"] is not None
+        assert block["comparison"]["output_tok_s"]["predicted"] > 0
+        assert block["predicted"]["engine"]["max_seqs"] == 4
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["points"][1]["estimate"]["inputs"]["concurrency"] == 4

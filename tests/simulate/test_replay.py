@@ -1,0 +1,45 @@
+"""bench --compare-estimate is a replay: the simulator runs exactly the workload bench sent."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedlimit import simulate
+from speedlimit.bench.compare import REPLAY_LATENCIES, REPLAY_STATS, replay_for
+from speedlimit.errors import SpeedlimitError
+from speedlimit.simulator import parse_engine_spec
+from speedlimit.simulator.api import replay_workload
+
+
+@pytest.mark.parametrize("load", [{"concurrency": 6}, {"rate": 4.0}])
+def test_replaying_a_simulated_run_predicts_it_exactly(load):
+    """Round trip: a run 'measured' by the simulator, replayed on the same engine, gives ratio 1 everywhere."""
+    run = simulate("llama-3.1-8b", "l40s", requests=60, prompt_tokens="uniform:50:900", output_tokens="uniform:5:120",
+                   seed=4, engine="continuous", max_seqs=4, max_batched_tokens=1024, kv_tokens=3000, **load)
+    block = replay_for(run.summary, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b",
+                       engine="continuous,max_seqs=4,max_batched_tokens=1024,kv_tokens=3000")
+    assert block.method == "simulate"
+    assert {f"{m}.{s}" for m in REPLAY_LATENCIES for s in REPLAY_STATS} <= set(block.comparison)
+    for label, row in block.comparison.items():
+        assert row.ratio == pytest.approx(1.0, rel=1e-6), label
+    assert block.inputs["requests"] == 60
+
+
+def test_replay_uses_each_requests_lengths_and_the_measured_send_times():
+    run = simulate("llama-3.1-8b", "h100-sxm", rate=2.0, requests=20, prompt_tokens="uniform:10:99", seed=1)
+    records = list(reversed(run.records))  # completion order differs from send order
+    records[3] = records[3].model_copy(update={"error_kind": "disconnect", "output_tokens": None})
+    workload = replay_workload(records, run.summary.offered_load)
+    kept = sorted((r for r in records if r.ok), key=lambda r: r.start_ns)
+    assert workload.prompts == [r.prompt_tokens for r in kept] and workload.outputs == [r.output_tokens for r in kept]
+    assert workload.arrivals[0] == 0.0
+    assert workload.arrivals == pytest.approx([(r.start_ns - kept[0].start_ns) / 1e9 for r in kept])
+
+
+def test_engine_spec():
+    assert parse_engine_spec("serial") == {"mode": "serial"}
+    assert parse_engine_spec("continuous,max_seqs=8,kv_tokens=8192,chunked_prefill=0") == {
+        "mode": "continuous", "max_seqs": 8, "kv_tokens": 8192, "chunked_prefill": False}
+    for bad in ("warp", "continuous,max_seqs", "continuous,colour=3", "continuous,max_seqs=x"):
+        with pytest.raises(SpeedlimitError):
+            parse_engine_spec(bad)
