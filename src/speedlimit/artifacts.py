@@ -168,9 +168,10 @@ class RequestRecord(BaseModel):
         return json.dumps(self.to_json_dict(), allow_nan=False) + "\n"
 
     @classmethod
-    def trusted(cls, values: dict[str, Any]) -> "RequestRecord":
+    def trusted(cls, values: dict[str, Any], fields_set: set[str] | None = None) -> "RequestRecord":
         """A record from already-valid values, without validation: what `model_construct` does, minus resolving
-        every default per call (the simulator builds hundreds of thousands of records at the end of a run)."""
+        every default per call (the simulator builds hundreds of thousands of records at the end of a run).
+        ``fields_set`` (the names in ``values``) may be one set shared by many records."""
         defaults = cls.__dict__.get("_trusted_defaults")
         if defaults is None:
             defaults = {name: field.get_default(call_default_factory=True) for name, field in cls.model_fields.items()}
@@ -180,7 +181,7 @@ class RequestRecord(BaseModel):
         if "itl_s" not in values:
             data["itl_s"] = []
         object.__setattr__(record, "__dict__", data)
-        object.__setattr__(record, "__pydantic_fields_set__", set(values))
+        object.__setattr__(record, "__pydantic_fields_set__", set(values) if fields_set is None else fields_set)
         object.__setattr__(record, "__pydantic_extra__", None)
         object.__setattr__(record, "__pydantic_private__", None)
         return record

@@ -9,6 +9,7 @@ is the one bench uses.
 
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,9 +195,15 @@ def _dataset_prompt_tokens(row: dict[str, Any]) -> int:
 def run_workload(step: StepModel, engine: EngineConfig, workload: Workload, slo: dict[str, float] | None = None,
                  *, saturation: dict[str, float] | None = None, timeline_points: int = TIMELINE_POINTS) -> Simulation:
     """Simulate ``workload`` on ``engine`` for the model/hardware ``step``; records and bench's summary."""
-    raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, arrivals=workload.arrivals,
-              concurrency=workload.concurrency, requests=workload.requests, duration_s=workload.duration_s)
-    records = build_records(raw)
+    collecting = gc.isenabled()
+    gc.disable()  # the run allocates ~1e5-1e6 containers that all live to the end: no cycles for the GC to find
+    try:
+        raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, arrivals=workload.arrivals,
+                  concurrency=workload.concurrency, requests=workload.requests, duration_s=workload.duration_s)
+        records = build_records(raw)
+    finally:
+        if collecting:
+            gc.enable()
     duration = _duration(raw)
     open_loop = workload.arrivals is not None
     if open_loop and saturation is None:
@@ -218,6 +225,9 @@ def build_records(raw: RawRun) -> list[RequestRecord]:
     ends = raw.end_times
     gaps = [0.0] + [ends[k] - ends[k - 1] for k in range(1, len(ends))]  # gaps[k]: end of step k-1 → end of k
     construct = RequestRecord.trusted
+    fields = {"index", "start_ns", "end_ns", "ttft_s", "itl_s", "e2e_s", "prompt_tokens", "output_tokens",
+              "output_chunks", "token_count_source", "prompt_token_source", "finish_reason", "queue_s", "prefill_s",
+              "decode_s", "preemptions"}
     records = []
     for rid in range(raw.n):
         arrival = raw.arrival[rid]
@@ -241,7 +251,7 @@ def build_records(raw: RawRun) -> list[RequestRecord]:
             "output_tokens": output, "output_chunks": output, "token_count_source": "simulated",
             "prompt_token_source": "simulated", "finish_reason": "length", "queue_s": raw.scheduled[rid] - arrival,
             "prefill_s": first_time - raw.scheduled[rid], "decode_s": end_time - first_time,
-            "preemptions": raw.preemptions[rid]}))
+            "preemptions": raw.preemptions[rid]}, fields))
     return records
 
 
