@@ -89,8 +89,12 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     if simulated.completed:
         inputs["prompt"] = simulated.prompt_tokens / simulated.completed
         inputs["output"] = simulated.output_tokens / simulated.completed
+    from speedlimit.estimator import estimate
+
+    # the static estimate's fields stay in the block (calibrate fits decode points from them)
+    static = estimate(architecture, hardware, **estimate_inputs(summary)).to_dict()
     return PredictionBlock(model=estimate_model or served_model or "?", hardware=hardware, method="simulate",
-                           inputs=inputs, predicted={**predicted, "engine": simulated.engine,
+                           inputs=inputs, predicted={**static, **predicted, "engine": simulated.engine,
                                                      "simulation": {k: v for k, v in (simulated.simulation or {}).items()
                                                                     if k != "timeline"}},
                            comparison=rows)
