@@ -76,3 +76,22 @@ def test_rate_above_saturation_runs_and_says_the_queue_grows(cli):
     code, out, err = cli(*BASE, "--rate", "2000", "--requests", "400", "--max-seqs", "16", "--json")
     sim = json.loads(out)["simulation"]
     assert sim["saturated"] is True and 0 < sim["saturation_request_s"] < 2000
+
+
+def test_duration_and_dataset(cli, tmp_path):
+    code, out, err = cli(*BASE, "--concurrency", "4", "--duration", "3", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    starts = summary["requests"]
+    assert starts > 4 and summary["load"]["duration_s"] == 3
+    code, out, err = cli(*BASE, "--rate", "10", "--duration", "2", "--json")
+    assert code == 0, err
+    assert 5 <= json.loads(out)["requests"] <= 60
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "one two three four five", "output_tokens": 7}\n'
+                    '{"messages": [{"role": "user", "content": "a b c"}], "prompt_tokens": 300}\n')
+    code, out, err = cli("simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--dataset", str(data), "--requests", "4",
+                         "--output-tokens", "9", "--json", "--out", str(tmp_path / "ds"))
+    assert code == 0, err
+    rows = [r for r in iter_records(tmp_path / "ds" / "requests.jsonl")]
+    assert sorted({(r.prompt_tokens, r.output_tokens) for r in rows}) == [(5, 7), (300, 9)]
