@@ -1,0 +1,224 @@
+"""Real validation of `speedlimit simulate`: bench a real engine serving the bundled SmolLM2-135M GGUF at several
+concurrencies on this machine, replay each run's workload through the simulator, print measured ÷ predicted.
+
+Run (from the repository root, with the real engine installed):
+
+    python benchmarks/validate_simulate.py --engine llama-server --hardware simval-verify --out /tmp/val-ls
+    python benchmarks/validate_simulate.py --engine llama-cpp-python --hardware simval-verify --out /tmp/val-lcp
+
+``--hardware`` is this machine: a profile from `speedlimit verify --quick --out v.json && speedlimit calibrate v.json
+--name NAME`. Two predictions per point:
+
+- **verify profile**: the simulator on the calibrated profile alone (nothing from the server);
+- **engine profile**: the same, plus the engine's own per-step cost and prefill rate fitted on the concurrency-1
+  run only (TPOT p50 → per-step overhead; TTFT p50 → FLOP/s efficiency), so concurrency 2, 4 and 8 are predictions
+  of how the engine behaves under load, held out from the fit.
+
+The engines: llama.cpp's C++ `llama-server` (`-t 2 --parallel 8 -c 8192 --metrics`: continuous batching, 8 slots,
+8,192 KV cells, n_batch 2,048), simulated as ``continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192``; and
+llama-cpp-python's server (one request at a time; prompts in n_batch = 512 calls), simulated as ``serial``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+LLAMA_SERVER = Path(os.environ.get("SPEEDLIMIT_LLAMA_SERVER",
+                                   "/root/.cache/speedlimit/llama-server/0.3.36/build/bin/llama-server"))
+ENGINE_SPECS = {"llama-server": "continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192",
+                "llama-cpp-python": "serial"}
+COMPARED = (("TTFT p50", "ttft_s", "p50"), ("TPOT p50", "tpot_s", "p50"), ("E2E p50", "e2e_s", "p50"),
+            ("TTFT p90", "ttft_s", "p90"), ("output tok/s", "output_tok_s", None))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_command(engine: str, gguf: Path, port: int) -> list[str]:
+    if engine == "llama-server":
+        return [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", "2",
+                "--parallel", "8", "-c", "8192", "--metrics"]
+    return [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", "2048", "--n_threads", "2", "--interrupt_requests", "False"]
+
+
+class Server:
+    """A real engine on 127.0.0.1, started and stopped by this process."""
+
+    def __init__(self, engine: str, gguf: Path, timeout_s: float = 180) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.log = tempfile.NamedTemporaryFile(prefix=f"{engine}_", suffix=".log", delete=False)
+        self.process = subprocess.Popen(server_command(engine, gguf, self.port), stdout=self.log,
+                                        stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{engine} exited: {Path(self.log.name).read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/models", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{engine} did not answer within {timeout_s:.0f} s")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_bench(url: str, out: Path, concurrencies: list[int], requests: int, prompt: int, output: int,
+              seed: int, engine: str, attempts: int = 3) -> None:
+    """One bench run per concurrency (each retried: on a loaded machine llama-server sometimes drops a connection
+    that bench's tokenizer probe is using, which ends that bench invocation). Each point gets its own seed, so no
+    prompt repeats across points, and llama-server is asked not to reuse a slot's cached prompt (its default
+    ``cache_prompt`` made some TTFTs 20 ms: a prefix-cache hit the simulator does not model)."""
+    for concurrency in concurrencies:
+        command = [sys.executable, "-m", "speedlimit.cli", "bench", "--url", url, "--concurrency", str(concurrency),
+                   "--requests", str(requests), "--prompt-tokens", str(prompt), "--output-tokens", str(output),
+                   "--seed", str(seed + concurrency), "--out", str(out / f"concurrency_{concurrency}"),
+                   "--no-progress", "--warmup", "1"]
+        if engine == "llama-server":
+            command += ["--extra-body", '{"cache_prompt": false}']
+        for attempt in range(attempts):
+            done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ})
+            if done.returncode == 0:
+                break
+            print(f"bench at concurrency {concurrency} failed (attempt {attempt + 1}): "
+                  f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}", file=sys.stderr)
+        else:
+            raise RuntimeError(f"bench at concurrency {concurrency} failed {attempts} times")
+
+
+def fit_engine_profile(summary, model: Any, hardware: str) -> dict[str, float]:
+    """Per-step overhead from the single-stream TPOT p50 and a FLOP/s efficiency from its TTFT p50 (engine + HTTP
+    stack as this machine runs it); from the concurrency-1 run only."""
+    from speedlimit.estimator import estimate
+
+    prompt = round(summary.prompt_tokens / summary.completed)
+    output = round(summary.output_tokens / summary.completed)
+    base = estimate(model, hardware, prompt=prompt, output=output, step_overhead_s=0.0)
+    overhead = max(0.0, summary.tpot_s.p50 - base.itl_s)
+    low, high = 1e-4, 1.0
+    for _ in range(50):  # TTFT falls as the efficiency rises: bisect in log space
+        mid = math.sqrt(low * high)
+        ttft = estimate(model, hardware, prompt=prompt, output=output, step_overhead_s=overhead,
+                        flops_efficiency=mid).ttft_s
+        low, high = (mid, high) if ttft > summary.ttft_s.p50 else (low, mid)
+    return {"step_overhead": overhead, "flops_efficiency": math.sqrt(low * high)}
+
+
+def replay_point(records, summary, model, hardware: str, spec: str, profile: dict[str, float] | None):
+    from speedlimit.simulator.api import engine_config, parse_engine_spec, replay_workload, resolve, run_workload
+
+    options = parse_engine_spec(spec)
+    step = resolve(model, hardware, step_overhead_s=(profile or {}).get("step_overhead"),
+                   flops_efficiency=(profile or {}).get("flops_efficiency"))
+    config = engine_config(options.pop("mode"), step=step, **options)
+    return run_workload(step, config, replay_workload(records, summary.offered_load)).summary
+
+
+def figure(summary, metric: str, stat: str | None) -> float | None:
+    value = getattr(summary, metric)
+    return getattr(value, stat) if stat else value
+
+
+def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], requests: int, prompt: int, output: int,
+             seed: int = 1, bench: bool = True) -> dict[str, Any]:
+    from speedlimit.artifacts import iter_records, load_summary
+    from speedlimit.bundled import default_gguf_path
+    from speedlimit.catalog import resolve_model
+
+    gguf = default_gguf_path()
+    if bench:
+        with Server(engine, gguf) as server:
+            run_bench(server.url, out, concurrencies, requests, prompt, output, seed, engine)
+    model = resolve_model(str(gguf))
+    points = {c: load_summary(out / f"concurrency_{c}" / "summary.json") for c in concurrencies}
+    records = {c: list(iter_records(out / f"concurrency_{c}" / "requests.jsonl")) for c in points}
+    first = min(points)
+    profile = fit_engine_profile(points[first], model, hardware)
+    rows = []
+    for concurrency, measured in sorted(points.items()):
+        for label, profile_used in (("verify profile", None), ("engine profile", profile)):
+            predicted = replay_point(records[concurrency], measured, model, hardware, ENGINE_SPECS[engine],
+                                     profile_used)
+            row = {"concurrency": concurrency, "prediction": label, "failed": measured.failed}
+            for name, metric, stat in COMPARED:
+                m, p = figure(measured, metric, stat), figure(predicted, metric, stat)
+                row[name] = {"measured": m, "predicted": p, "ratio": m / p if m is not None and p else None}
+            rows.append(row)
+    return {"engine": engine, "hardware": hardware, "spec": ENGINE_SPECS[engine], "engine_profile": profile,
+            "workload": {"prompt": prompt, "output": output, "requests": requests, "seed": seed}, "rows": rows}
+
+
+def print_result(result: dict[str, Any]) -> None:
+    profile = result["engine_profile"]
+    print(f"{result['engine']} ({result['spec']}) on {result['hardware']}; workload {result['workload']}")
+    print(f"engine profile fitted at concurrency 1: step overhead {profile['step_overhead'] * 1e3:.2f} ms, "
+          f"FLOP/s efficiency {profile['flops_efficiency']:.3f}")
+    names = [name for name, _, _ in COMPARED]
+    print("| C | prediction | " + " | ".join(f"{n} meas / pred (÷)" for n in names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for row in result["rows"]:
+        cells = []
+        for name in names:
+            cell = row[name]
+            scale, unit = (1e3, "ms") if name != "output tok/s" else (1.0, "")
+            if cell["measured"] is None or cell["predicted"] is None:
+                cells.append("-")
+            else:
+                cells.append(f"{cell['measured'] * scale:,.1f} / {cell['predicted'] * scale:,.1f} "
+                             f"({cell['ratio']:.2f})")
+        print(f"| {row['concurrency']} | {row['prediction']} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=sorted(ENGINE_SPECS), required=True)
+    parser.add_argument("--hardware", required=True, help="calibrated profile of this machine")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--concurrency", default="1,2,4,8")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--output", type=int, default=64)
+    parser.add_argument("--no-bench", action="store_true", help="re-analyse an existing --out directory")
+    args = parser.parse_args()
+    result = validate(args.engine, args.hardware, args.out, [int(c) for c in args.concurrency.split(",")],
+                      args.requests, args.prompt, args.output, bench=not args.no_bench)
+    (args.out / "validation.json").write_text(json.dumps(result, indent=2))
+    print_result(result)
+
+
+if __name__ == "__main__":
+    main()
