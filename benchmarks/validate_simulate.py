@@ -120,30 +120,57 @@ def run_bench(url: str, out: Path, concurrencies: list[int], requests: int, prom
             raise RuntimeError(f"bench at concurrency {concurrency} failed {attempts} times")
 
 
-def fit_engine_profile(summary, model: Any, hardware: str) -> dict[str, float]:
-    """Per-step overhead from the single-stream TPOT p50 and a FLOP/s efficiency from its TTFT p50 (engine + HTTP
-    stack as this machine runs it); from the concurrency-1 run only."""
+def _bisect(predict, target: float, low: float = 1e-4, high: float = 1.0) -> float:
+    """The value in [low, high] (log scale) where the decreasing function ``predict`` meets ``target``."""
+    for _ in range(50):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if predict(mid) > target else (low, mid)
+    return math.sqrt(low * high)
+
+
+def fit_engine_profile(summary, model: Any, hardware: Any) -> dict[str, float]:
+    """The engine as this machine runs it, from the concurrency-1 run only: the FLOP/s efficiency that makes the
+    prefill last the measured TTFT p50, and the bandwidth efficiency that makes a decode step last the measured
+    TPOT p50 (if even 100% is too slow, the rest is per-step overhead: the engine's and its HTTP/SSE stack's);
+    alternated a few times, since each step's time has both terms."""
     from speedlimit.estimator import estimate
 
     prompt = round(summary.prompt_tokens / summary.completed)
     output = round(summary.output_tokens / summary.completed)
-    base = estimate(model, hardware, prompt=prompt, output=output, step_overhead_s=0.0)
-    overhead = max(0.0, summary.tpot_s.p50 - base.itl_s)
-    low, high = 1e-4, 1.0
-    for _ in range(50):  # TTFT falls as the efficiency rises: bisect in log space
-        mid = math.sqrt(low * high)
-        ttft = estimate(model, hardware, prompt=prompt, output=output, step_overhead_s=overhead,
-                        flops_efficiency=mid).ttft_s
-        low, high = (mid, high) if ttft > summary.ttft_s.p50 else (low, mid)
-    return {"step_overhead": overhead, "flops_efficiency": math.sqrt(low * high)}
+    tpot, ttft = summary.tpot_s.p50, summary.ttft_s.p50
+
+    def run(bw: float, flops: float, overhead: float):
+        return estimate(model, hardware, prompt=prompt, output=output, step_overhead_s=overhead, bw_efficiency=bw,
+                        flops_efficiency=flops)
+
+    bw, flops, overhead = 1.0, 1.0, 0.0
+    for _ in range(4):
+        flops = _bisect(lambda f: run(bw, f, overhead).ttft_s, ttft)
+        fastest = run(1.0, flops, 0.0).itl_s
+        if fastest >= tpot:
+            bw, overhead = _bisect(lambda b: run(b, flops, 0.0).itl_s, tpot), 0.0
+        else:
+            bw, overhead = 1.0, min(tpot - fastest, 1.0)
+    return {"bw_efficiency": bw, "step_overhead": overhead, "flops_efficiency": flops}
+
+
+def hardware_arg(text: str) -> Any:
+    """A hardware name or profile, or "BANDWIDTH,FLOPS" (bytes/s, FLOP/s) for custom hardware."""
+    if "," in text:
+        from speedlimit.hardware import custom_hardware
+
+        bandwidth, flops = (float(x) for x in text.split(","))
+        return custom_hardware(bandwidth, flops)
+    return text
 
 
 def replay_point(records, summary, model, hardware: str, spec: str, profile: dict[str, float] | None):
     from speedlimit.simulator.api import engine_config, parse_engine_spec, replay_workload, resolve, run_workload
 
     options = parse_engine_spec(spec)
-    step = resolve(model, hardware, step_overhead_s=(profile or {}).get("step_overhead"),
-                   flops_efficiency=(profile or {}).get("flops_efficiency"))
+    profile = profile or {}
+    step = resolve(model, hardware, step_overhead_s=profile.get("step_overhead"),
+                   bw_efficiency=profile.get("bw_efficiency"), flops_efficiency=profile.get("flops_efficiency"))
     config = engine_config(options.pop("mode"), step=step, **options)
     return run_workload(step, config, replay_workload(records, summary.offered_load)).summary
 
@@ -154,7 +181,7 @@ def figure(summary, metric: str, stat: str | None) -> float | None:
 
 
 def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], requests: int, prompt: int, output: int,
-             seed: int = 1, bench: bool = True) -> dict[str, Any]:
+             seed: int = 1, bench: bool = True, basis: Any = None) -> dict[str, Any]:
     from speedlimit.artifacts import iter_records, load_summary
     from speedlimit.bundled import default_gguf_path
     from speedlimit.catalog import resolve_model
@@ -167,26 +194,26 @@ def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], re
     points = {c: load_summary(out / f"concurrency_{c}" / "summary.json") for c in concurrencies}
     records = {c: list(iter_records(out / f"concurrency_{c}" / "requests.jsonl")) for c in points}
     first = min(points)
-    profile = fit_engine_profile(points[first], model, hardware)
+    basis = hardware if basis is None else basis
+    profile = fit_engine_profile(points[first], model, basis)
     rows = []
     for concurrency, measured in sorted(points.items()):
-        for label, profile_used in (("verify profile", None), ("engine profile", profile)):
-            predicted = replay_point(records[concurrency], measured, model, hardware, ENGINE_SPECS[engine],
-                                     profile_used)
+        for label, base, profile_used in (("verify profile", hardware, None), ("engine profile", basis, profile)):
+            predicted = replay_point(records[concurrency], measured, model, base, ENGINE_SPECS[engine], profile_used)
             row = {"concurrency": concurrency, "prediction": label, "failed": measured.failed}
             for name, metric, stat in COMPARED:
                 m, p = figure(measured, metric, stat), figure(predicted, metric, stat)
                 row[name] = {"measured": m, "predicted": p, "ratio": m / p if m is not None and p else None}
             rows.append(row)
-    return {"engine": engine, "hardware": hardware, "spec": ENGINE_SPECS[engine], "engine_profile": profile,
+    return {"engine": engine, "hardware": hardware, "basis": basis, "spec": ENGINE_SPECS[engine], "engine_profile": profile,
             "workload": {"prompt": prompt, "output": output, "requests": requests, "seed": seed}, "rows": rows}
 
 
 def print_result(result: dict[str, Any]) -> None:
     profile = result["engine_profile"]
-    print(f"{result['engine']} ({result['spec']}) on {result['hardware']}; workload {result['workload']}")
-    print(f"engine profile fitted at concurrency 1: step overhead {profile['step_overhead'] * 1e3:.2f} ms, "
-          f"FLOP/s efficiency {profile['flops_efficiency']:.3f}")
+    print(f"{result['engine']} ({result['spec']}) on {getattr(result['hardware'], 'name', result['hardware'])}; workload {result['workload']}")
+    print(f"engine profile fitted at concurrency 1: bandwidth efficiency {profile['bw_efficiency']:.3f}, step overhead "
+          f"{profile['step_overhead'] * 1e3:.2f} ms, FLOP/s efficiency {profile['flops_efficiency']:.3f}")
     names = [name for name, _, _ in COMPARED]
     print("| C | prediction | " + " | ".join(f"{n} meas / pred (÷)" for n in names) + " |")
     print("|---|---|" + "---|" * len(names))
@@ -206,17 +233,19 @@ def print_result(result: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=sorted(ENGINE_SPECS), required=True)
-    parser.add_argument("--hardware", required=True, help="calibrated profile of this machine")
+    parser.add_argument("--hardware", required=True, help="calibrated profile of this machine, or BANDWIDTH,FLOPS")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--concurrency", default="1,2,4,8")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--output", type=int, default=64)
+    parser.add_argument("--basis", help="hardware the engine profile's efficiencies refer to (default: --hardware)")
     parser.add_argument("--no-bench", action="store_true", help="re-analyse an existing --out directory")
     args = parser.parse_args()
-    result = validate(args.engine, args.hardware, args.out, [int(c) for c in args.concurrency.split(",")],
-                      args.requests, args.prompt, args.output, bench=not args.no_bench)
-    (args.out / "validation.json").write_text(json.dumps(result, indent=2))
+    result = validate(args.engine, hardware_arg(args.hardware), args.out, [int(c) for c in args.concurrency.split(",")],
+                      args.requests, args.prompt, args.output, bench=not args.no_bench,
+                      basis=hardware_arg(args.basis) if args.basis else None)
+    (args.out / "validation.json").write_text(json.dumps(result, indent=2, default=str))
     print_result(result)
 
 

@@ -6,10 +6,12 @@ on hardware measured here in a few seconds (read bandwidth and fp32 matmul FLOP/
 held-out prediction: how the engine batches (llama-server: continuous batching over 8 slots) or queues
 (llama-cpp-python's server: one request at a time) under load.
 
-The band (see BAND): this is a shared 2-core VM. Two server threads plus the benchmark client and other jobs
-compete for two cores, so the same run measured twice differs by tens of percent (benchmarks/README.md records
-runs whose ITL moved 2× under load from other jobs). A ratio outside [1/BAND, BAND] is a model error larger than
-that noise, not noise.
+The band (BAND = 2.5): this is a shared 2-core VM. Two server threads, the benchmark client and other jobs compete
+for two cores, and the same server measured twice ten minutes apart at concurrency 1 gave 1.9 and 1.1 output tok/s,
+TPOT p50 406 and 514 ms, TTFT p50 4.8 and 3.6 s (benchmarks/README.md, 2026-12-02, load average 6-10). The fit point
+and the held-out point each move by up to ~1.6× between repeats, so their ratio can move by ~2.5× with no model
+error at all; in those runs the concurrency-4 held-out ratios were 0.71-1.25. A ratio outside [1/2.5, 2.5] is a model error
+larger than this machine's noise.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
 pytestmark = pytest.mark.server
 
-BAND = 2.0  # measured ÷ predicted must lie within [1/BAND, BAND]
+BAND = 2.5  # measured ÷ predicted must lie within [1/BAND, BAND]
 CHECKED = ("TTFT p50", "TPOT p50", "output tok/s")
 
 
@@ -46,7 +48,7 @@ def test_simulated_engine_agrees_with_the_real_one_under_load(engine, this_machi
         pytest.skip(f"llama.cpp's llama-server is not built at {validate_simulate.LLAMA_SERVER}")
     if engine == "llama-cpp-python":
         pytest.importorskip("llama_cpp.server")
-    result = validate_simulate.validate(engine, this_machine, tmp_path, [1, 4], requests=8, prompt=128, output=32)
+    result = validate_simulate.validate(engine, this_machine, tmp_path, [1, 4], requests=6, prompt=128, output=24)
     held_out = [row for row in result["rows"] if row["prediction"] == "engine profile" and row["concurrency"] == 4]
     assert held_out and held_out[0]["failed"] <= 1
     for name in CHECKED:
