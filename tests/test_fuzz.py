@@ -576,3 +576,24 @@ def test_bench_out_pointing_at_an_existing_file(isolated: Path) -> None:
     existing.write_text("keep me")
     check(invoke("bench", "--url", UNREACHABLE_URL, "--no-progress", "--out", str(existing)), codes=(2,))
     assert existing.read_text() == "keep me"
+
+
+SIMULATE_VALUES = st.one_of(
+    st.integers(-3, 40).map(str),
+    st.sampled_from(["nan", "inf", "-inf", "1e308", "0", "-0", "", " 7 ", "1e2", "0x10", "0.5", "uniform:1:0",
+                     "normal:5:-1", "uniform:8:32", "rate=0", "rate=1,2", "concurrency=1,2", "concurrency=0.5",
+                     "ttft=5", "tpot=1ms", "serial", "continuous", "warp"]),
+    TEXT,
+)  # small valid numbers only: a huge valid --requests or --duration is a long simulation, not a bug
+
+
+@FUZZ
+@given(flags=st.lists(st.tuples(st.sampled_from(["--prompt-tokens", "--output-tokens", "--concurrency", "--rate",
+                                                 "--requests", "--duration", "--sweep", "--slo", "--seed", "--engine",
+                                                 "--max-seqs", "--max-batched-tokens", "--block-size", "--kv-tokens",
+                                                 "--burstiness", "--knee-fraction", "--sequence-overhead"]),
+                                SIMULATE_VALUES), max_size=4),
+       switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--chunked-prefill"]), max_size=2))
+def test_simulate_any_flags(flags: list[tuple[str, str]], switches: list[str]) -> None:
+    argv = ["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", *[a for pair in flags for a in pair], *switches]
+    check(invoke(*argv))

@@ -23,7 +23,7 @@ from tests.simulate.test_cli import BASE, cli  # noqa: F401  (the fixture)
     (("--slo", "ttft=fast"), "duration"),
     (("--duration", "nan"), "--duration"),
     (("--burstiness", "0"), "--burstiness"),
-    (("--rate", "inf", "--duration", "5"), "--requests"),
+    (("--rate", "inf", "--duration", "5"), "--duration"),
     (("--dataset", "/nonexistent.jsonl"), "does not exist"),
     (("--no-chunked-prefill", "--prompt-tokens", "9000"), "--max-batched-tokens"),
     (("--sequence-overhead", "5"), "--sequence-overhead"),

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from speedlimit.artifacts import RunSummary, SweepSummary, write_records
+from speedlimit.cli.options import scenario_options
 from speedlimit.errors import SpeedlimitError
 
 
@@ -85,22 +86,16 @@ def print_simulation(console: Console, summary: RunSummary | SweepSummary) -> No
         console.print(f"[yellow]{note}[/yellow]", highlight=False)
 
 
+#: The scenario inputs simulate shares with estimate (flags, help and validation come from `Scenario`).
+SIMULATE_INPUTS = (
+    "model", "hardware", "profile", "bandwidth", "flops", "memory", "weights", "kv", "compute", "tp", "ideal",
+    "bw_efficiency", "flops_efficiency", "step_overhead_s",
+)  # fmt: skip
+
+
+@scenario_options(*SIMULATE_INPUTS)
 def simulate_command(
-    model: str = typer.Option(..., "--model", "-m", help="Catalog name, path to config.json or .gguf, or a size like 7B."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", "-H", help="Catalog name or calibrated profile (e.g. local)."),
-    profile: Optional[str] = typer.Option(None, help="Calibrated profile name (from `speedlimit calibrate`)."),
-    bandwidth: Optional[str] = typer.Option(None, help="Custom hardware: peak memory bandwidth, bytes/s."),
-    flops: Optional[str] = typer.Option(None, help="Custom hardware: peak FLOP/s."),
-    memory: Optional[str] = typer.Option(None, help="Custom hardware: memory capacity, bytes."),
-    weights: Optional[str] = typer.Option(None, help="Weight format: bits (16, 8, 4) or bf16/fp8/int8/int4/q4_0/…"),
-    kv: str = typer.Option("fp16", help="KV-cache format: fp16, bf16, fp8, int8, int4."),
-    compute: Optional[str] = typer.Option(None, help="Compute dtype of the matmuls: fp32, bf16, fp8, …"),
-    tp: int = typer.Option(1, help="Tensor-parallel devices."),
-    ideal: bool = typer.Option(False, "--ideal", help="The seed formula's step cost (peak rates, weights only)."),
-    bw_efficiency: Optional[float] = typer.Option(None, help="Achievable fraction of peak bandwidth (0-1]."),
-    flops_efficiency: Optional[float] = typer.Option(None, help="Achievable fraction of peak FLOP/s (0-1]."),
-    step_overhead: Optional[float] = typer.Option(None, help="Fixed cost of one engine step, seconds (default: "
-                                                            "the hardware's per-kernel launch cost)."),
+    inputs: dict[str, Any],
     sequence_overhead: Optional[float] = typer.Option(None, help="Engine cost per running sequence per step, seconds."),
     prompt_tokens: str = typer.Option("128", help="Prompt length in tokens: N, uniform:LOW:HIGH or normal:MEAN:STD."),
     output_tokens: str = typer.Option("64", help="Output tokens per request: N, uniform:LOW:HIGH or normal:MEAN:STD."),
@@ -129,16 +124,14 @@ def simulate_command(
     """Predict a serving engine under load, in bench's terms: TTFT/ITL/TPOT/E2E percentiles, throughput, goodput."""
     from speedlimit.bench.metrics import parse_slo
     from speedlimit.bench.runner import parse_sweep
-    from speedlimit.cli.estimate import _hardware_arg
-    from speedlimit.simulator.api import build_workload, engine_config, resolve, run_workload
+    from speedlimit.estimator.api import resolve
+    from speedlimit.scenario import scenario_from
+    from speedlimit.simulator.api import build_workload, engine_config, run_workload, with_sequence_overhead
     from speedlimit.simulator.api import sweep as run_sweep
 
     if not 0 < knee_fraction <= 1:
         raise SpeedlimitError(f"--knee-fraction must be in (0, 1], got {knee_fraction}")
-    device = _hardware_arg(hardware, profile, bandwidth, flops, memory)
-    step = resolve(model, device, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal,
-                   bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead,
-                   sequence_overhead_s=sequence_overhead)
+    step = with_sequence_overhead(resolve(scenario_from(**inputs)), sequence_overhead)
     config = engine_config(engine, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
                            chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step)
     slo_bounds = parse_slo(slo)

@@ -19,7 +19,7 @@ import numpy as np
 
 from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary
 from speedlimit.bench.metrics import find_knee, parse_slo, summarize
-from speedlimit.bench.workload import LengthSpec, arrival_offsets_s, load_dataset, parse_length_spec
+from speedlimit.bench.workload import LengthSpec, _dataset_order, arrival_offsets_s, load_dataset, parse_length_spec
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.estimator.api import StepModel, step_model
@@ -146,14 +146,14 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
                     duration_s=duration_s)
     if plan.rate is not None and plan.duration_s is not None and math.isinf(plan.rate):
         raise SpeedlimitError("--rate inf sends everything at once: give --requests, not --duration")
-    pool = plan.pool_size
-    if pool > MAX_REQUESTS:
-        raise SpeedlimitError(f"--rate × --duration asks for {pool:,} requests; at most {MAX_REQUESTS:,}")
+    n_requests = plan.request_count  # bench's: requests, or what --rate × --duration can send
+    prompt_spec = _length_spec(prompt_tokens, "prompt-tokens")
+    pool = plan.pool_size(prompt_spec.mean)  # bench's prompt pool; requests past it reuse the lengths in turn
     rng = np.random.default_rng([seed, 0])
     default_output = _length_spec(output_tokens, "output-tokens")
     if dataset is not None:
         rows = load_dataset(Path(dataset))
-        order = rng.permutation(len(rows))
+        order = _dataset_order(rows, rng)  # bench's order: shuffled, a conversation's turns kept together
         prompts, outputs = [], []
         fallback = default_output.sample(pool, np.random.default_rng([seed, 3]))
         for i in range(pool):
@@ -163,13 +163,12 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
             outputs.append(_whole("output-tokens", given, 1, 10_000_000) if given is not None else fallback[i])
         prompt_text = f"dataset {dataset}"
     else:
-        spec = _length_spec(prompt_tokens, "prompt-tokens")
-        prompts = spec.sample(pool, rng)  # exactly bench's draw
+        prompts = prompt_spec.sample(pool, rng)  # exactly bench's draw
         outputs = default_output.sample(pool, np.random.default_rng([seed, 3]))
         prompt_text = str(prompt_tokens)
     arrivals = None
     if plan.rate is not None:
-        arrivals = arrival_offsets_s(pool, plan.rate, plan.burstiness, seed)
+        arrivals = arrival_offsets_s(n_requests, plan.rate, plan.burstiness, seed)
     return Workload(prompts=prompts, outputs=outputs, concurrency=plan.concurrency, rate=plan.rate,
                     burstiness=plan.burstiness, requests=plan.requests, duration_s=plan.duration_s,
                     arrivals=arrivals, seed=seed,
@@ -346,16 +345,20 @@ def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> 
     }
 
 
-def resolve(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None, tp=1, ideal=False,
-            bw_efficiency=None, flops_efficiency=None, step_overhead_s=None, sequence_overhead_s=None) -> StepModel:
-    """The model on the hardware (estimate's resolution), with the engine's per-sequence overhead."""
-    step = step_model(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal,
-                      bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead_s)
-    if sequence_overhead_s is not None:
-        if not math.isfinite(sequence_overhead_s) or not 0 <= sequence_overhead_s <= 1:
-            raise SpeedlimitError(f"--sequence-overhead must be between 0 and 1 second, got {sequence_overhead_s}")
-        step = step._replace(machine=step.machine._replace(sequence_overhead_s=float(sequence_overhead_s)))
-    return step
+def with_sequence_overhead(step: StepModel, sequence_overhead_s: float | None) -> StepModel:
+    """The resolved model on hardware with the engine's cost per running sequence per step."""
+    if sequence_overhead_s is None:
+        return step
+    if not math.isfinite(sequence_overhead_s) or not 0 <= sequence_overhead_s <= 1:
+        raise SpeedlimitError(f"--sequence-overhead must be between 0 and 1 second, got {sequence_overhead_s}")
+    return step._replace(machine=step.machine._replace(sequence_overhead_s=float(sequence_overhead_s)))
+
+
+def resolve(model: Any, hardware: Any, *, sequence_overhead_s: float | None = None, **inputs: Any) -> StepModel:
+    """The model on the hardware, resolved as `estimate` resolves it (``inputs``: the `Scenario` fields weights, kv,
+    compute, tp, ideal, bw_efficiency, flops_efficiency, step_overhead_s), with the engine's per-sequence overhead."""
+    inputs = {k: v for k, v in inputs.items() if v is not None or k in ("weights",)}
+    return with_sequence_overhead(step_model(model, hardware, **inputs), sequence_overhead_s)
 
 
 def _slo(slo: Any) -> dict[str, float]:
