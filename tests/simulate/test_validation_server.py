@@ -12,6 +12,10 @@ TPOT p50 406 and 514 ms, TTFT p50 4.8 and 3.6 s (benchmarks/README.md, 2026-12-0
 and the held-out point each move by up to ~1.6× between repeats, so their ratio can move by ~2.5× with no model
 error at all; in those runs the concurrency-4 held-out ratios were 0.71-1.25. A ratio outside [1/2.5, 2.5] is a model error
 larger than this machine's noise.
+
+The band is only meaningful when the machine is not oversubscribed: with a 1-minute load average above the core
+count, other jobs' threads take the server's cores mid-run (measured: llama-server's TPOT jumped from 10 ms to 300 ms
+between two points run a minute apart at load 3.7), and the test skips instead of reporting noise as a model error.
 """
 
 from __future__ import annotations
@@ -42,7 +46,13 @@ def this_machine():
 
 @pytest.mark.parametrize("engine", ["llama-server", "llama-cpp-python"])
 def test_simulated_engine_agrees_with_the_real_one_under_load(engine, this_machine, tmp_path):
+    import os
+
     import validate_simulate
+
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        pytest.skip(f"load average {load:.1f} on {cores} cores: timings measure other jobs, not the engine")
 
     if engine == "llama-server" and not validate_simulate.LLAMA_SERVER.is_file():
         pytest.skip(f"llama.cpp's llama-server is not built at {validate_simulate.LLAMA_SERVER}")
