@@ -103,6 +103,8 @@ def test_cli_end_to_end_with_estimate(llama_server, tmp_path, run_cli):
                 "request_s", "goodput_request_s", "token_count_source"):
         assert key in summary
     assert summary["completed"] == 2 and summary["goodput_requests"] == 2
-    assert summary["estimate"]["inputs"] == {"batch": 2, "prompt": 32, "output": 6}
-    assert summary["estimate"]["comparison"]["tpot_s"]["ratio"] > 0
+    # --compare-estimate replays the sent workload through the simulator (not the static estimate's batch)
+    assert summary["estimate"]["method"] == "simulate"
+    assert summary["estimate"]["inputs"] == {"requests": 2, "concurrency": 2, "prompt": 32, "output": 6}
+    assert summary["estimate"]["comparison"]["tpot_s.mean"]["ratio"] > 0
     assert json.loads((tmp_path / "summary.json").read_text())["estimate"] == summary["estimate"]
