@@ -274,7 +274,7 @@ def test_serving_view_draws_latency_and_throughput_against_load(browser, server_
     assert float(page.locator("#sim-knee").get_attribute("data-value")) == expected["knee_load"]
     assert float(page.locator("#sim-saturation").get_attribute("data-value")) == expected["saturation_output_tok_s"]
     assert page.locator("#sim-slo-max").inner_text() == "–"
-    names = page.locator("#serving-chart .legendtext").all_inner_texts()
+    names = page.locator("#serving-chart .legendtext").evaluate_all("els => els.map(e => e.textContent)")
     assert {"TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "output tok/s"} <= set(names)
     assert page.locator("#serving-chart .scatterlayer .trace").count() == 5
     assert "knee" in page.locator("#serving-chart").text_content()

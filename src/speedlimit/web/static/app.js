@@ -481,21 +481,22 @@ function renderServingChart(d) {
   ];
   const shapes = [];
   const annotations = [];
-  const vline = (at, color, text) => {
+  // vertical markers, labelled at the top: the knee's label left of its line, the saturation rate's right of its own
+  const vline = (at, color, text, side) => {
     shapes.push({ type: "line", xref: "x", yref: "paper", x0: at, x1: at, y0: 0, y1: 1, line: { color, dash: "dot", width: 2 } });
-    annotations.push({ x: d.parameter === "rate" ? at : Math.log10(at), y: 1, xref: "x", yref: "paper", text, showarrow: false, yanchor: "bottom", font: { size: 11, color } });
+    annotations.push({ x: d.parameter === "rate" ? at : Math.log10(at), y: 1, xref: "x", yref: "paper", text, showarrow: false, yanchor: "bottom", xanchor: side, font: { size: 11, color } });
   };
-  if (d.knee_load !== null) vline(d.knee_load, "#dc2626", `knee ${fmtNum(d.knee_load)}`);
-  if (d.saturation_request_s !== null) vline(d.saturation_request_s, "#7c3aed", `saturation ${fmtNum(d.saturation_request_s)} req/s`);
+  if (d.knee_load !== null) vline(d.knee_load, "#dc2626", `knee ${fmtNum(d.knee_load)} `, "right");
+  if (d.saturation_request_s !== null) vline(d.saturation_request_s, "#7c3aed", ` saturation ${fmtNum(d.saturation_request_s)} req/s`, "left");
   for (const [key, bound] of Object.entries(d.slo || {})) {
     if (key === "ttft" || key === "tpot") shapes.push({ type: "line", xref: "paper", yref: "y", x0: 0, x1: 1, y0: bound * 1e3, y1: bound * 1e3, line: { color: key === "ttft" ? "#2463eb" : "#f59e0b", dash: "dashdot", width: 1 } });
   }
   const layout = {
-    title: { text: `Predicted latency and throughput vs ${d.parameter}`, font: { size: 14 } },
+    title: { text: `Predicted latency and throughput vs ${d.parameter}`, font: { size: 14 }, y: 0.97 },
     xaxis: { type: d.parameter === "rate" ? "linear" : "log", title: { text: d.parameter === "rate" ? "arrival rate (requests/s)" : "concurrency (clients in flight)" } },
     yaxis: { type: "log", title: { text: "latency (ms)" }, exponentformat: "SI" },
-    yaxis2: { overlaying: "y", side: "right", title: { text: "output tok/s" }, rangemode: "tozero", exponentformat: "SI", showgrid: false },
-    margin: { l: 60, r: 60, t: 40, b: 44 }, legend: { orientation: "h", y: -0.22 }, shapes, annotations,
+    yaxis2: { overlaying: "y", side: "right", title: { text: "output tok/s" }, rangemode: "tozero", exponentformat: "SI", showgrid: false, tickmode: "auto", nticks: 6 },
+    margin: { l: 60, r: 60, t: 52, b: 80 }, legend: { orientation: "h", y: -0.32 }, shapes, annotations,
   };
   Plotly.react("serving-chart", traces, layout, PLOT_CONFIG);
 }
