@@ -184,3 +184,9 @@ def test_openapi_documents_the_serving_body(client):
     body = schema["paths"]["/api/simulate"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     fields = schema["components"]["schemas"][body.rsplit("/", 1)[1]]["properties"]
     assert {"model", "hardware", "weights", "prompt", "output", "load", "values", "engine", "max_seqs", "slo"} <= set(fields)
+
+
+def test_a_body_over_the_cap_is_refused_before_it_runs(client):
+    body = json.dumps({**BASE, "slo": "x" * (1 << 20)}).encode()
+    response = client.post("/api/simulate", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "larger than" in response.json()["detail"]
