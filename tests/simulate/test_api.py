@@ -30,3 +30,15 @@ def test_simulation_block_matches_the_engines_steps():
     e2e = np.mean([r.e2e_s for r in run.records])
     assert split["queue_s"] + split["prefill_s"] + split["decode_s"] == pytest.approx(e2e, rel=1e-9)
     assert split["queue_s"] == pytest.approx(np.mean([r.queue_s for r in run.records]))
+
+
+def test_sequence_overhead_is_charged_per_running_sequence_per_step():
+    kwargs = dict(concurrency=8, requests=8, prompt_tokens=256, output_tokens=32, chunked_prefill=False,
+                  max_batched_tokens=8 * 256)
+    plain = simulate("llama-3.1-8b", "h100-sxm", **kwargs)
+    charged = simulate("llama-3.1-8b", "h100-sxm", sequence_overhead_s=1e-3, **kwargs)
+    gaps = [b - a for a, b in zip(plain.records[0].itl_s, charged.records[0].itl_s)]
+    assert gaps == pytest.approx([8e-3] * 31, rel=1e-6)  # every decode step ran 8 sequences: + 8 × 1 ms
+    assert charged.summary.engine["sequence_overhead_s"] == 1e-3
+    ttft = charged.records[0].ttft_s - plain.records[0].ttft_s
+    assert ttft == pytest.approx(8e-3, rel=1e-6)  # the one prefill step held 8 sequences too

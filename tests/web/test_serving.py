@@ -135,6 +135,7 @@ def test_work_stays_within_the_budget(client, body):
     ({"values": [1.5]}, 422, "whole numbers"),
     ({"values": ["abc"]}, 422, "values.0"),
     ({"requests": 0}, 422, "requests"),
+    ({"load": "rate", "values": [1e-300]}, 422, "simulated time"),
     ({"requests": 100_000}, 422, "more than one web call simulates"),
     ({"output": 10_000_000}, 422, "speedlimit simulate"),
     ({"engine": "serial", "max_seqs": 4}, 422, "serial"),

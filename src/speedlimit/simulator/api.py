@@ -37,6 +37,8 @@ SLO_ATTAINMENT = 0.99
 #: Requests in the closed-loop run that measures the saturation rate (at concurrency = the engine's slots).
 SATURATION_REQUESTS = (200, 4000)
 MAX_REQUESTS = 10_000_000
+#: Latest send time an open-loop workload may have (about 32 years): beyond it times lose their nanoseconds.
+MAX_SIMULATED_S = 1e9
 
 
 @dataclass
@@ -169,6 +171,10 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
     arrivals = None
     if plan.rate is not None:
         arrivals = arrival_offsets_s(n_requests, plan.rate, plan.burstiness, seed)
+        last = max(arrivals, default=0.0)
+        if not math.isfinite(last) or last > MAX_SIMULATED_S:
+            raise SpeedlimitError(f"--rate {plan.rate:g} spreads {n_requests:,} requests over {last:.3g} s of simulated "
+                                  f"time (at most {MAX_SIMULATED_S:.0e} s): raise the rate or send fewer requests")
     return Workload(prompts=prompts, outputs=outputs, concurrency=plan.concurrency, rate=plan.rate,
                     burstiness=plan.burstiness, requests=plan.requests, duration_s=plan.duration_s,
                     arrivals=arrivals, seed=seed,
