@@ -180,3 +180,9 @@ def test_burstiness_draws_benchs_gamma_arrivals(cli, tmp_path):
         return statistics.pstdev(gaps) / statistics.mean(gaps)
 
     assert variation(offsets) > 1.2 * variation(arrival_offsets_s(40, 4.0, 1.0, 5))  # burstier than Poisson
+
+
+def test_a_tiny_rate_with_a_duration_sends_what_falls_inside_it(cli):
+    code, out, err = cli(*BASE, "--rate", "1e-300", "--duration", "5", "--json")
+    assert code == 0, err
+    assert json.loads(out)["requests"] == 1  # the first send is at 0 s; the next would be ~1e300 s later

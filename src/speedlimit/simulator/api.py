@@ -171,7 +171,8 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
     arrivals = None
     if plan.rate is not None:
         arrivals = arrival_offsets_s(n_requests, plan.rate, plan.burstiness, seed)
-        last = max(arrivals, default=0.0)
+        sent = arrivals if plan.duration_s is None else [a for a in arrivals if a < plan.duration_s]
+        last = max(sent, default=0.0)
         if not math.isfinite(last) or last > MAX_SIMULATED_S:
             raise SpeedlimitError(f"--rate {plan.rate:g} spreads {n_requests:,} requests over {last:.3g} s of simulated "
                                   f"time (at most {MAX_SIMULATED_S:.0e} s): raise the rate or send fewer requests")
