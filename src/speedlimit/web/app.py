@@ -6,7 +6,7 @@ Endpoints (OpenAPI docs at ``/docs``):
   ``speedlimit estimate --json`` prints).
 - ``POST /api/curve``: same body (plus optional ``batches``) -> the estimate, the batch curve with
   its knee and the roofline (`speedlimit.estimator.curves`); the page makes one such call per change.
-- ``GET /api/models``, ``GET /api/hardware``: the catalogs.
+- ``GET /api/models``, ``GET /api/hardware``, ``GET /api/engines``: the catalogs.
 - ``GET /`` the page, ``/static/*`` its assets, ``/vendor/plotly.min.js`` the chart library served
   from the installed ``plotly`` wheel, ``/docs`` Swagger UI from the files inside the installed ``fastapi-offline`` wheel
   (nothing comes from a CDN; the docs work offline).
@@ -31,7 +31,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import Field, ValidationError
 
 from speedlimit.architecture import Architecture, architecture_from_hf_config
-from speedlimit.catalog import hardware_entries, model_entries, resolve_model
+from speedlimit.catalog import DEFAULT_ENGINE, catalog_engine, engine_names, hardware_entries, model_entries, resolve_model
 from speedlimit.artifacts import finite_json
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator.api import estimate_scenario
@@ -51,6 +51,7 @@ class EstimateRequest(Scenario):
     model: str | None = Field(None, description="Catalog name or alias, or a size like 7B. Optional when `config` is given (then it names it).")
     hardware: str | None = Field(None, description="Catalog hardware name or calibrated profile name (or give `bandwidth`).")
     config: dict[str, Any] | None = Field(None, description="A pasted Hugging Face config.json (object) instead of a catalog model.")
+    engine: str | None = Field(None, description="Serving-engine profile (see GET /api/engines); default llama.cpp.")
 
     def scenario(self, model: Architecture | str) -> Scenario:
         """The request as a `Scenario` of ``model`` (the pasted config or the catalog name)."""
@@ -170,6 +171,14 @@ def create_app() -> FastAPI:
             }
             for key, entry in hardware_entries().items()
         ]
+
+    @app.get("/api/engines", summary="Serving-engine profiles (catalog/engines.toml)")
+    def engines() -> list[dict[str, Any]]:
+        return [{"name": key, "label": profile.name, "version": profile.version, "devices": profile.devices,
+                 "default": key == DEFAULT_ENGINE,
+                 "values": {field: {"value": sourced.value, "source": sourced.source, "fitted": sourced.fitted}
+                            for field, sourced in profile.sourced_values().items()}}
+                for key, profile in ((key, catalog_engine(key)) for key in engine_names())]
 
     @app.post("/api/estimate", summary="Estimate one configuration (what `speedlimit estimate --json` prints)")
     def estimate_endpoint(request: EstimateRequest) -> dict[str, Any]:
