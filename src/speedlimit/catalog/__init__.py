@@ -281,7 +281,7 @@ def resolve_engine(text: str | EngineProfile | None) -> EngineProfile:
     key = _engine_aliases().get(_normalize(str(text)))
     if key:
         return catalog_engine(key)
-    raise SpeedlimitError(f"unknown engine {str(text)[:80]!r}{did_you_mean(_normalize(str(text)), _engine_aliases())}; "
+    raise SpeedlimitError(f"unknown --engine {str(text)[:80]!r}{did_you_mean(_normalize(str(text)), _engine_aliases())}; "
                           f"known engines: {', '.join(engine_names())}")
 
 

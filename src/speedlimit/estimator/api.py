@@ -223,7 +223,9 @@ def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfil
     flops_efficiency = flops_efficiency or defaults.flops_efficiency
     if engine.attention_efficiency is not None and scenario.flops_efficiency is None and not calibrated:
         terms["attention_factor"] = engine.attention_efficiency.value / flops_efficiency
-    if engine.sequence_overhead_s is not None:
+    if calibrated and device.sequence_overhead_s is not None:  # fitted on this deployment's bench sweep
+        terms["sequence_overhead_s"] = float(device.sequence_overhead_s)
+    elif engine.sequence_overhead_s is not None:
         terms["sequence_overhead_s"] = float(engine.sequence_overhead_s.value)
     if scenario.step_overhead_s is not None:  # an explicit overhead is the whole per-step cost
         step_s, kernel_s = scenario.step_overhead_s, 0.0
