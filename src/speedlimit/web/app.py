@@ -51,7 +51,7 @@ class EstimateRequest(Scenario):
     model: str | None = Field(None, description="Catalog name or alias, or a size like 7B. Optional when `config` is given (then it names it).")
     hardware: str | None = Field(None, description="Catalog hardware name or calibrated profile name (or give `bandwidth`).")
     config: dict[str, Any] | None = Field(None, description="A pasted Hugging Face config.json (object) instead of a catalog model.")
-    engine: str | None = Field(None, description="Serving-engine profile (see GET /api/engines); default llama.cpp.")
+    engine: str | None = Field(None, description=Scenario.model_fields["engine"].description)
 
     def scenario(self, model: Architecture | str) -> Scenario:
         """The request as a `Scenario` of ``model`` (the pasted config or the catalog name)."""
