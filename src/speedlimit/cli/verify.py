@@ -326,8 +326,9 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
     peak_flops = base.peak_flops(step.compute_dtype)
     if not math.isfinite(peak_flops):
         raise SpeedlimitError(f"{base.name} has no peak FLOP/s figure: pass --hardware with one")
+    cap = 1.0 if step.engine.mode.value == "serial" else float(step.engine.max_seqs.at(base.memory_bytes))
     points = deployment_points(levels, step.cost, tp, base.memory_bandwidth_Bps, peak_flops,
-                               base.interconnect_Bps or math.nan)
+                               base.interconnect_Bps or math.nan, max_sequences=cap)
     prior = DeploymentParams(bw_efficiency=step.efficiency.bw_efficiency, flops_efficiency=step.efficiency.flops_efficiency,
                              step_overhead_s=float(step.machine.step_overhead_s),
                              sequence_overhead_s=float(step.machine.sequence_overhead_s))

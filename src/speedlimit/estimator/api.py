@@ -182,7 +182,9 @@ def resolve(scenario: Scenario) -> StepModel:
     """Look up the model, hardware and engine a scenario names, check they go together, and build its cost model and machine."""
     arch = scenario.model if isinstance(scenario.model, Architecture) else resolve_model(scenario.model)
     device = _hardware(scenario)
-    engine = engine_for_device(resolve_engine(scenario.engine), device)
+    # a profile calibrated on a bench sweep names the engine it measured: its default engine
+    engine = engine_for_device(resolve_engine(scenario.engine if scenario.engine is not None
+                                              else getattr(device, "engine", None)), device)
     if device.kind not in engine.devices:
         raise SpeedlimitError(f"--engine {engine.key} runs on {', '.join(engine.devices)} devices, not on {device.name} "
                               f"({device.kind}); pick another engine (llama.cpp runs everywhere)")

@@ -405,8 +405,9 @@ class SweepLevel:
 
 
 def deployment_points(levels: list[SweepLevel], cost: core.CostModel, tp: int, bandwidth_Bps: float, flops: float,
-                      link_Bps: float = math.nan) -> list[DeploymentPoint]:
-    """The decode and prefill points of a sweep, each tagged with its fold of `DEPLOYMENT_SPLIT`."""
+                      link_Bps: float = math.nan, max_sequences: float = math.inf) -> list[DeploymentPoint]:
+    """The decode and prefill points of a sweep, each tagged with its fold of `DEPLOYMENT_SPLIT`; a level's decode
+    step runs min(concurrency, ``max_sequences``) sequences (the engine's cap: 1 for a serial server)."""
     machine = core.Machine(bandwidth_Bps=bandwidth_Bps, flops=flops, step_overhead_s=0.0, memory_bytes=math.nan,
                            link_Bps=link_Bps, tp=float(tp))
     ordered = sorted((lv for lv in levels if lv.requests), key=lambda lv: lv.load)
@@ -420,7 +421,7 @@ def deployment_points(levels: list[SweepLevel], cost: core.CostModel, tp: int, b
 
     for index, level in enumerate(ordered):
         fold: Literal["fit", "held-out"] = "fit" if index % 2 == 0 else "held-out"
-        batch = max(1.0, float(level.concurrency))
+        batch = max(1.0, min(float(level.concurrency), max_sequences))
         for half, name in ((0, "first"), (1, "second")):
             gaps, contexts = [], []
             for prompt, output, _, itl in level.requests:
