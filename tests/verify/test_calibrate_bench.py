@@ -76,8 +76,8 @@ def write_sweep(out: Path, levels=(1, 2, 4, 8, 16, 32, 64, 128), prompt: int = 1
     return out
 
 
-def _prior() -> DeploymentParams:
-    step = step_model(MODEL, HARDWARE)
+def _prior(engine: str | None = None) -> DeploymentParams:
+    step = step_model(MODEL, HARDWARE, engine=engine)
     return DeploymentParams(step.efficiency.bw_efficiency, step.efficiency.flops_efficiency,
                             float(step.machine.step_overhead_s), float(step.machine.sequence_overhead_s))
 
@@ -117,13 +117,15 @@ def test_noisy_fit_is_close(tmp_path: Path) -> None:
 def test_calibrate_cli_saves_and_estimate_uses_the_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path / "config"))
     run = write_sweep(tmp_path / "run")
-    result = runner.invoke(app, ["calibrate", str(run), "--hardware", HARDWARE, "--name", "mydeploy", "--json"])
+    # the synthetic server runs every client's sequence in each step: an engine whose cap is above the sweep's
+    result = runner.invoke(app, ["calibrate", str(run), "--hardware", HARDWARE, "--engine", "vllm", "--name", "mydeploy", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["saved"] and data["split"] == DEPLOYMENT_SPLIT
     assert data["fitted"]["bw_efficiency"] == pytest.approx(TRUTH.bw_efficiency, rel=1e-6)
     assert data["errors"]["held-out"]["fitted"] == pytest.approx(0.0, abs=1e-6)
     calibrated = estimate(MODEL, "mydeploy", batch=8, prompt=1024, output=64)
+    assert calibrated.engine == "vllm"  # the profile names the engine it was measured on
     assert calibrated.bw_efficiency == pytest.approx(TRUTH.bw_efficiency, rel=1e-3)
     assert calibrated.sequence_overhead_s == pytest.approx(TRUTH.sequence_overhead_s, rel=1e-3)
     cost, machine = truth_machine()
@@ -134,7 +136,7 @@ def test_calibrate_cli_saves_and_estimate_uses_the_profile(tmp_path: Path, monke
     assert sim.exit_code == 0, sim.output
     assert json.loads(sim.output)["engine"]["bw_efficiency"] == pytest.approx(TRUTH.bw_efficiency, rel=1e-3)
     # the text output states the split and the held-out error
-    text = runner.invoke(app, ["calibrate", str(run), "--hardware", HARDWARE, "--name", "mydeploy2"])
+    text = runner.invoke(app, ["calibrate", str(run), "--hardware", HARDWARE, "--engine", "vllm", "--name", "mydeploy2"])
     assert text.exit_code == 0, text.output
     assert "held out" in text.output and "held-out points" in text.output
 
@@ -143,11 +145,11 @@ def test_a_fit_that_misses_its_own_points_is_refused_unless_forced(tmp_path: Pat
     monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path / "config"))
     # the fitted levels alternately 80% slow and 45% fast: no step model fits these
     run = write_sweep(tmp_path / "run", distort=lambda level: 1.8 if level in (1, 16) else 0.55)
-    result = _cli("calibrate", str(run), "--hardware", HARDWARE, "--name", "bad")
+    result = _cli("calibrate", str(run), "--hardware", HARDWARE, "--engine", "vllm", "--name", "bad")
     assert result.returncode == 2
     assert "not saved" in result.stderr and "own points" in result.stderr and "--force" in result.stderr
     assert not (tmp_path / "config" / "profiles" / "bad.toml").exists()
-    forced = runner.invoke(app, ["calibrate", str(run), "--hardware", HARDWARE, "--name", "bad", "--force"])
+    forced = runner.invoke(app, ["calibrate", str(run), "--hardware", HARDWARE, "--engine", "vllm", "--name", "bad", "--force"])
     assert forced.exit_code == 0, forced.output
     assert (tmp_path / "config" / "profiles" / "bad.toml").exists()
 
@@ -193,9 +195,9 @@ def test_directory_and_files_do_not_mix(tmp_path: Path) -> None:
 def test_a_fit_worse_than_the_prior_on_held_out_levels_is_refused_by_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path / "config"))
     # the fitted levels follow one machine, the held-out ones exactly the prior's: the prior predicts them better
-    prior = _prior()
+    prior = _prior("vllm")
     run = write_sweep(tmp_path / "run", truth_at=lambda level: prior if level in (2, 8, 32, 128) else TRUTH)
-    result = _cli("calibrate", str(run), "--hardware", HARDWARE, "--name", "worse", env={"SPEEDLIMIT_CONFIG_DIR": str(tmp_path / "config")})
+    result = _cli("calibrate", str(run), "--hardware", HARDWARE, "--engine", "vllm", "--name", "worse", env={"SPEEDLIMIT_CONFIG_DIR": str(tmp_path / "config")})
     assert result.returncode == 2, result.stderr
     assert "worse than the prior" in result.stderr
 
