@@ -129,6 +129,8 @@ class EngineProfile(BaseModel):
                 not isinstance(p, list) or len(p) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
                 for p in points):
             raise ValueError("must be a list of [tokens, fraction] points")
+        if len(points) > 2:
+            raise ValueError("at most two [tokens, fraction] anchors: the step model interpolates between two")
         tokens = [p[0] for p in points]
         if tokens != sorted(tokens) or len(set(tokens)) != len(tokens) or tokens[0] < 1:
             raise ValueError("points must have increasing token counts >= 1")

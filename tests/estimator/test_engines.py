@@ -270,3 +270,10 @@ def test_profile_validation_rejects_bad_values() -> None:
     base["max_seqs"] = {"value": 0, "source": "https://example.org/x"}
     with pytest.raises(ValueError, match="whole number"):
         EngineProfile.model_validate(base)
+
+
+def test_gemm_curve_has_at_most_two_anchors() -> None:
+    base = dict(catalog_engine("vllm").model_dump())
+    base["gemm_efficiency"] = {"value": [[1, 0.1], [2, 0.2], [3, 0.3]], "source": "https://example.org/x"}
+    with pytest.raises(ValueError, match="two"):
+        EngineProfile.model_validate(base)

@@ -466,7 +466,14 @@ def _solve(points: list[DeploymentPoint], memory: list[bool], prior: DeploymentP
         if j not in free:
             notes.append(f"no {'memory' if j == 0 else 'compute'}-bound point: "
                          f"{'bw' if j == 0 else 'flops'}_efficiency kept at the prior")
+    spread = rows[:, 0][rows[:, 0] > 0]
+    if 0 in free and len(spread) and (spread.max() - spread.min()) < 0.05 * spread.max():
+        free.remove(0)
+        notes.append("the fitted decode steps all read about the same bytes (within 5%: one batch, short replies), "
+                     "so time per byte and per-step cost are not separable: bw_efficiency kept at the prior")
     while True:
+        if not free:
+            raise SpeedlimitError("the sweep determines none of the fitted values: give levels with different loads")
         known = [j for j in range(4) if j not in free]
         rhs = target - (rows[:, known] @ np.array([fixed[j] for j in known]) if known else 0.0)
         design = rows[:, free] * weight[:, None]
@@ -485,9 +492,12 @@ def _solve(points: list[DeploymentPoint], memory: list[bool], prior: DeploymentP
             fixed[negative[0]] = 0.0
             notes.append(f"the {'per-sequence' if negative[0] == 3 else 'per-step'} cost came out negative: fixed at 0")
             continue
-        if any(values.get(j, 1.0) <= 0 for j in (0, 1)):
-            raise SpeedlimitError("the measurements give a non-positive time per byte or per FLOP: are they from this "
-                                  "model on this hardware?")
+        bad = [j for j in (0, 1) if j in values and values[j] <= 0]
+        if bad:
+            free.remove(bad[0])
+            notes.append(f"the measurements give a non-positive time per {'byte' if bad[0] == 0 else 'FLOP'}: "
+                         f"{'bw' if bad[0] == 0 else 'flops'}_efficiency kept at the prior")
+            continue
         merged = {**fixed, **values}
         return DeploymentParams(bw_efficiency=1.0 / merged[0], flops_efficiency=1.0 / merged[1],
                                 step_overhead_s=merged[2], sequence_overhead_s=merged[3])
