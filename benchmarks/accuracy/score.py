@@ -165,7 +165,19 @@ def row_weights(row: Row) -> str | float:
     return row.weights
 
 
-def predict_tok_s(row: Row, *, ideal: bool = False, bw_efficiency: float | None = None, step_overhead_s: float | None = None) -> float:
+# The engine profile (catalog/engines.toml) each row's engine runs as; rows of other engines (gpt-fast, MLX, MLC,
+# ExLlamaV2) have none and are scored in the "profiles" mode exactly as in the default mode. Ollama runs llama.cpp;
+# NVIDIA NIM's H100 FP8 profiles for Llama 3.3 70B run TensorRT-LLM.
+ENGINE_PROFILES = {"llama.cpp": "llama-cpp", "llama.cpp-vulkan": "llama-cpp-vulkan", "ollama": "llama-cpp",
+                   "sglang": "sglang", "vllm": "vllm", "nim": "tensorrt-llm", "tensorrt-llm": "tensorrt-llm"}
+
+
+def row_engine(row: Row) -> str | None:
+    return ENGINE_PROFILES.get(row.engine)
+
+
+def predict_tok_s(row: Row, *, ideal: bool = False, bw_efficiency: float | None = None, step_overhead_s: float | None = None,
+                  engine: str | None = None) -> float:
     """speedlimit's predicted decode tokens/s for one row."""
     result = estimate(
         row.model,
@@ -176,13 +188,15 @@ def predict_tok_s(row: Row, *, ideal: bool = False, bw_efficiency: float | None 
         ideal=ideal,
         bw_efficiency=bw_efficiency,
         step_overhead_s=step_overhead_s,
+        engine=engine,
     )
     return result.decode_tok_s
 
 
-def predict_prefill_tok_s(row: Row, *, ideal: bool = False) -> float | None:
+def predict_prefill_tok_s(row: Row, *, ideal: bool = False, engine: str | None = None) -> float | None:
     """Predicted prompt tokens/s of one prompt of the row's length: prompt / TTFT (None: no FLOPs figure)."""
-    result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=1, tp=row.tp, ideal=ideal)
+    result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=1, tp=row.tp,
+                      ideal=ideal, engine=engine)
     return row.prompt_tokens / result.ttft_s if result.ttft_s else None
 
 
@@ -194,20 +208,46 @@ def predict_e2e_tok_s(row: Row, *, ideal: bool = False) -> float | None:
     return row.output_tokens / (result.ttft_s + row.output_tokens * result.itl_s)
 
 
-def predict_serving(row: Row, *, ideal: bool = False) -> dict[str, float | None]:
+def predict_serving(row: Row, *, ideal: bool = False, engine: str | None = None) -> dict[str, float | None]:
     """Predicted aggregate output tok/s and TPOT (ms) at the row's concurrency (estimate's steady batch), TTFT n/a."""
     result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens,
-                      batch=row.concurrency, tp=row.tp, ideal=ideal)  # fmt: skip
+                      batch=row.concurrency, tp=row.tp, ideal=ideal, engine=engine)  # fmt: skip
     return {"throughput_tok_s": result.throughput_tok_s, "tpot_ms": result.itl_s * 1e3, "ttft_ms": None}
 
 
 def simulator_status() -> str | None:
     """None when the serving simulator (issue 12) can be imported, else why TTFT under load is not scored."""
     try:
-        import speedlimit.simulate  # noqa: F401
+        import speedlimit.simulator.api  # noqa: F401
     except ImportError:
-        return "speedlimit.simulate (issue 12) is not on this branch: TTFT under load not scored"
-    return "speedlimit.simulate exists but score.py does not call it yet: TTFT under load not scored"
+        return "speedlimit.simulator (issue 12) is not on this branch: TTFT under load not scored"
+    return None
+
+
+#: Simulated rows the simulator could not run, and why (printed after the report).
+SIMULATION_FAILURES: list[str] = []
+#: Requests per simulated serving row: this many rounds of the row's concurrency (closed loop, bench's workload).
+SIMULATED_ROUNDS = 4
+
+
+def predict_serving_simulated(row: Row, *, engine: str | None = None) -> dict[str, float | None]:
+    """The row's closed-loop load simulated (`speedlimit.simulator.api.simulate`): mean output tok/s, TPOT and TTFT (ms).
+
+    ``engine=None`` is the default engine (llama.cpp's scheduler: 4 slots, 2,048 tokens per step); a profile name
+    runs that engine's scheduler and step costs."""
+    from speedlimit.errors import SpeedlimitError
+    from speedlimit.simulator.api import simulate
+
+    concurrency = int(row.concurrency or 1)
+    try:
+        run = simulate(row.model, row_hardware(row), weights=row_weights(row), tp=row.tp, engine=engine,
+                       concurrency=concurrency, requests=SIMULATED_ROUNDS * concurrency, prompt_tokens=row.prompt_tokens,
+                       output_tokens=row.output_tokens).summary
+    except SpeedlimitError as error:  # e.g. the prefill-first scheduler's stall (see benchmarks/README.md)
+        SIMULATION_FAILURES.append(f"row {row.index} ({row.engine}, concurrency {concurrency}, engine {engine or 'default'}): {error}")
+        return {"throughput_tok_s": None, "tpot_ms": None, "ttft_ms": None}
+    return {"throughput_tok_s": run.output_tok_s, "tpot_ms": run.tpot_s.mean * 1e3 if run.tpot_s.mean else None,
+            "ttft_ms": run.ttft_s.mean * 1e3 if run.ttft_s.mean else None}
 
 
 def ape(predicted: float, measured: float) -> float:
@@ -370,12 +410,13 @@ def fold_fits(inputs: FitInputs) -> dict[str, dict[str, float]]:
 
 def score_rows(rows: list[Row], *, with_llm_analysis: bool = True) -> dict[str, list[float | None]]:
     """Predicted tok/s per mode, aligned with ``rows`` (None where a mode cannot model a row)."""
-    predictions: dict[str, list[float | None]] = {"ideal": [], "default": [], "fixed-2ms": [], "llm-analysis": []}
+    predictions: dict[str, list[float | None]] = {"ideal": [], "default": [], "profiles": [], "fixed-2ms": [], "llm-analysis": []}
     reasons: list[str] = []
     use_llm_analysis = with_llm_analysis and llm_analysis_status() is None
     for row in rows:
         predictions["ideal"].append(predict_tok_s(row, ideal=True))
         predictions["default"].append(predict_tok_s(row))
+        predictions["profiles"].append(predict_tok_s(row, engine=row_engine(row)))
         predictions["fixed-2ms"].append(predict_tok_s(row, step_overhead_s=FIXED_OVERHEAD_S))
         if use_llm_analysis:
             value, why = llm_analysis_tok_s(row)
@@ -400,22 +441,29 @@ def score_other_quantities(rows: list[Row], *, with_llm_analysis: bool = True) -
         if row.quantity == "prefill":
             llm = llm_analysis_prefill_tok_s(row)[0] if use_llm_analysis else None
             records.append(base | {"what": "prefill", "measured": row.prefill_tok_s, "default": predict_prefill_tok_s(row),
+                                   "profiles": predict_prefill_tok_s(row, engine=row_engine(row)),
                                    "ideal": predict_prefill_tok_s(row, ideal=True), "llm-analysis": llm})  # fmt: skip
         elif row.quantity == "decode" and row.e2e:
             records.append(base | {"what": "decode, E2E-derived", "measured": row.decode_tok_s, "default": predict_e2e_tok_s(row),
-                                   "ideal": predict_e2e_tok_s(row, ideal=True), "llm-analysis": None})  # fmt: skip
+                                   "profiles": predict_e2e_tok_s(row), "ideal": predict_e2e_tok_s(row, ideal=True),
+                                   "llm-analysis": None})  # fmt: skip
         elif row.quantity == "serving":
             default, ideal = predict_serving(row), predict_serving(row, ideal=True)
+            profiles = predict_serving(row, engine=row_engine(row))
+            simulated = predict_serving_simulated(row) if simulator_status() is None else {}
+            simulated_profiles = predict_serving_simulated(row, engine=row_engine(row)) if simulator_status() is None else {}
             for what, key in (("serving throughput", "throughput_tok_s"), ("TPOT under load", "tpot_ms"), ("TTFT under load", "ttft_ms")):
                 measured = getattr(row, key)
                 if measured is not None:
-                    records.append(base | {"what": what, "measured": measured, "default": default[key], "ideal": ideal[key], "llm-analysis": None})
+                    records.append(base | {"what": what, "measured": measured, "default": default[key], "profiles": profiles[key],
+                                           "simulate": simulated.get(key), "simulate+profiles": simulated_profiles.get(key),
+                                           "ideal": ideal[key], "llm-analysis": None})
     return records
 
 
 # The order and the issue-13 targets (median absolute % error on the held-out fold) of each quantity.
 TARGETS = {"decode": 8.0, "prefill": 15.0, "serving throughput": 10.0, "TPOT under load": 15.0, "TTFT under load": 25.0, "decode, E2E-derived": None}
-MODES = ("default", "ideal", "llm-analysis")
+MODES = ("default", "profiles", "simulate", "simulate+profiles", "ideal", "llm-analysis")
 
 
 def _summary_line(label: str, pairs: list[tuple[float, float]], width: int = 44) -> str:
@@ -435,9 +483,9 @@ def print_quantity_report(records: list[dict], why_none: dict[str, str]) -> None
             print(f"  no rows{' (' + why_none[what] + ')' if what in why_none else ''}")
             print()
             continue
-        print(f"  {'group':42} {'rows':>4} {'median %':>9} {'mean %':>8}")
+        print(f"  {'group':47} {'rows':>4} {'median %':>9} {'mean %':>8}")
         for mode in MODES:
-            pairs = [(r[mode], r["measured"]) for r in chosen if r[mode] is not None]
+            pairs = [(r.get(mode), r["measured"]) for r in chosen if r.get(mode) is not None]
             if not pairs:
                 if mode == "llm-analysis" and why_none.get(mode):
                     why = why_none[mode]
@@ -445,15 +493,15 @@ def print_quantity_report(records: list[dict], why_none: dict[str, str]) -> None
                     why = "llm-analysis is used for decode and prefill rows only"
                 else:
                     why = why_none.get(what) or "this mode does not model these rows"
-                print(f"  {mode + ': n/a':42}  ({why})")
+                print(f"  {mode + ': n/a':47}  ({why})")
                 continue
             groups = [("all", chosen)] + [(f"fold {f}{' (held out)' if f == 'B' else ' (fit fold)'}", [r for r in chosen if r["fold"] == f]) for f in ("A", "B")]
             groups += [(f"kind {k}", [r for r in chosen if r["kind"] == k]) for k in sorted({r["kind"] for r in chosen})]
             groups += [(f"engine {e}", [r for r in chosen if r["engine"] == e]) for e in sorted({r["engine"] for r in chosen})]
             for i, (label, group) in enumerate(groups):
-                pairs = [(r[mode], r["measured"]) for r in group if r[mode] is not None]
+                pairs = [(r.get(mode), r["measured"]) for r in group if r.get(mode) is not None]
                 if pairs:
-                    print("  " + _summary_line(f"{mode if i == 0 else '':13}{label}", pairs, 42))
+                    print("  " + _summary_line(f"{mode if i == 0 else '':18}{label}", pairs, 47))
         print()
 
 
@@ -493,12 +541,18 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{q} {sum(r.quantity == q for r in all_rows)}" for q in QUANTITIES) + ")")
     print()
     decode_records = [{"row": row, "kind": kind, "engine": row.engine, "fold": row.fold, "what": "decode", "measured": row.decode_tok_s,
-                       "default": predictions["default"][i], "ideal": predictions["ideal"][i], "llm-analysis": predictions["llm-analysis"][i]}
+                       "default": predictions["default"][i], "profiles": predictions["profiles"][i], "ideal": predictions["ideal"][i],
+                       "llm-analysis": predictions["llm-analysis"][i]}
                       for i, (row, kind) in enumerate(zip(rows, kinds))]  # fmt: skip
     why_none = {"llm-analysis": llm_status or "", "TTFT under load": simulator_status() or ""}
     print_quantity_report(decode_records + others, why_none)
-    print("Serving rows are scored with estimate(batch=concurrency): a steady batch at the mid-reply context, no queueing,")
-    print(f"no prefill interleaving; {simulator_status()}.")
+    print("Mode 'profiles': each row priced with its engine's profile (catalog/engines.toml; ENGINE_PROFILES maps the CSV's")
+    print("engine column: " + ", ".join(f"{k} -> {v}" for k, v in ENGINE_PROFILES.items()) + "); rows of other engines as in 'default'.")
+    print("Serving rows are scored with estimate(batch=concurrency) (default, profiles: a steady batch at the mid-reply")
+    print(f"context, no queueing, no prefill interleaving) and with the simulator (simulate, simulate+profiles: the row's")
+    print(f"closed loop, {SIMULATED_ROUNDS} x concurrency requests, the engine's scheduler).")
+    for failure in SIMULATION_FAILURES:
+        print(f"  not simulated: {failure}")
     print()
 
     print(f"Single-stream decode, {len(rows)} rows (E2E-derived rows excluded), with the earlier fixed-overhead design for comparison:")

@@ -81,6 +81,7 @@ class Hardware(BaseModel):
     flops_efficiency: float | None = Field(None, gt=0, le=1.0)
     step_overhead_s: float | None = Field(None, ge=0, le=1.0)
     kernel_overhead_s: float | None = Field(None, ge=0, le=0.01)
+    sequence_overhead_s: float | None = Field(None, ge=0, le=0.1)  # per running sequence per step (calibrate from bench)
     calibrated_at: str | None = None
     calibrated_from: list[str] = Field(default_factory=list)
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, InstanceOf, ValidationError, 
 
 from speedlimit.architecture import Architecture
 from speedlimit.catalog import MAX_NAME_CHARS
+from speedlimit.engine_profile import EngineProfile
 from speedlimit.errors import SpeedlimitError, pydantic_message
 from speedlimit.hardware import Hardware, check_bandwidth, check_flops, check_memory
 from speedlimit.units import parse_quantity
@@ -53,7 +54,6 @@ class Scenario(BaseModel):
     (a calibrated profile name), or ``bandwidth`` [+ ``flops``, ``memory``] (custom hardware).
     """
 
-    # room for `engine` (serving-engine profiles, issue 13): a field here reaches the CLI and the web at once
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
 
     model: Annotated[str | InstanceOf[Architecture], Flag(("--model", "-m"), text=True)] = Field(
@@ -71,8 +71,11 @@ class Scenario(BaseModel):
     weights: Annotated[str | float | None, Flag(("--weights",), text=True)] = Field(
         None, description="Weight format: bits (16, 8, 4) or fp16/bf16/fp8/int8/int4/nf4/q4_0/q8_0/q4_k_m… "
                           "(default: a .gguf file's exact bytes, else bf16).")
-    kv: Annotated[str | float, Flag(("--kv",), text=True)] = Field(
-        "fp16", description="KV-cache format: fp16, bf16, fp8, int8, int4, q8_0…")
+    kv: Annotated[str | float | None, Flag(("--kv",), text=True)] = Field(
+        None, description="KV-cache format: fp16, bf16, fp8, int8, int4, q8_0… (default: the engine's; llama.cpp: fp16).")
+    engine: Annotated[str | InstanceOf[EngineProfile] | None, Flag(("--engine",), text=True)] = Field(
+        None, description="Serving engine profile (catalog/engines.toml): llama.cpp (default; its backend from the "
+                          "device), llama.cpp-cpu/-cuda/-metal/-vulkan/-rocm, llama-cpp-python, vllm, sglang, tensorrt-llm.")
     compute: Annotated[Literal[COMPUTE_DTYPES] | None, Flag(("--compute",), text=True)] = Field(  # type: ignore[valid-type]
         None, description="Compute dtype of the matmuls: " + ", ".join(COMPUTE_DTYPES) + " (default: from the weights).")
     batch: Annotated[int, Flag(("--batch", "-b"))] = Field(1, ge=1, le=MAX_BATCH, description="Concurrent sequences.")
@@ -90,7 +93,7 @@ class Scenario(BaseModel):
     usd_per_hour: Annotated[float | None, Flag(("--usd-per-hour",))] = Field(
         None, ge=0, le=MAX_USD_PER_HOUR, description="Price per device-hour, for cost per million tokens.")
 
-    @field_validator("model", "hardware", "profile", mode="before")
+    @field_validator("model", "hardware", "profile", "engine", mode="before")
     @classmethod
     def _name(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -34,7 +34,7 @@ def test_simulation_block_matches_the_engines_steps():
 
 def test_sequence_overhead_is_charged_per_running_sequence_per_step():
     kwargs = dict(concurrency=8, requests=8, prompt_tokens=256, output_tokens=32, chunked_prefill=False,
-                  max_batched_tokens=8 * 256)
+                  max_seqs=8, max_batched_tokens=8 * 256)
     plain = simulate("llama-3.1-8b", "h100-sxm", **kwargs)
     charged = simulate("llama-3.1-8b", "h100-sxm", sequence_overhead_s=1e-3, **kwargs)
     gaps = [b - a for a, b in zip(plain.records[0].itl_s, charged.records[0].itl_s)]

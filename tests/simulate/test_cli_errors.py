@@ -18,6 +18,8 @@ from tests.simulate.test_cli import BASE, cli  # noqa: F401  (the fixture)
     (("--output-tokens", "0"), "token length"),
     (("--engine", "warp"), "--engine"),
     (("--engine", "serial", "--max-seqs", "4"), "serial"),
+    (("--scheduler", "warp"), "--scheduler"),
+    (("--engine", "serial", "--scheduler", "continuous"), "conflict"),
     (("--max-seqs", "64", "--max-batched-tokens", "32"), "--max-batched-tokens"),
     (("--kv-tokens", "256"), "can never be admitted"),
     (("--sweep", "concurrency=1,x"), "--sweep"),

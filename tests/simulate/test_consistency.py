@@ -37,7 +37,8 @@ def test_batch_started_together_without_chunking_matches_estimate_batch(batch):
     prompt, output = 512, 128
     est = estimate("llama-3.1-8b", "h100-sxm", batch=batch, prompt=prompt, output=output)
     run = simulate("llama-3.1-8b", "h100-sxm", concurrency=batch, requests=batch, prompt_tokens=prompt,
-                   output_tokens=output, chunked_prefill=False, max_batched_tokens=batch * prompt)
+                   output_tokens=output, chunked_prefill=False, max_batched_tokens=batch * prompt,
+                   max_seqs=batch)  # the default engine, llama-server, runs 4 slots
     records = run.records
     assert {r.ttft_s for r in records} == {records[0].ttft_s}  # one prefill step for all of them
     assert records[0].ttft_s == pytest.approx(est.ttft_s, rel=0.01)

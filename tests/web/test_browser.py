@@ -267,8 +267,8 @@ def test_serving_view_draws_latency_and_throughput_against_load(browser, server_
     data = page.evaluate("window.speedlimit.simLast")
     expected = api.post("/api/simulate", json={"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "16",
                                                "kv": "fp16", "batch": 1, "prompt": 512, "output": 128, "tp": 1,
-                                               "ideal": False, "load": "concurrency", "values": [1, 4, 16, 64],
-                                               "engine": "continuous"}).json()
+                                               "ideal": False, "load": "concurrency", "values": [1, 4, 16, 64]}
+                        ).json()  # the page's default: the engine profile's own scheduler (llama.cpp)
     assert [p["load"] for p in data["points"]] == [1, 4, 16, 64]
     assert data["points"] == expected["points"]
     assert float(page.locator("#sim-knee").get_attribute("data-value")) == expected["knee_load"]
@@ -334,5 +334,5 @@ def test_serving_view_shows_hostile_url_values_as_text(browser, server_url):
     _settle_serving(page, 0, 0)
     assert page.locator("#serving img").count() == 0
     assert page.locator("#sim-engine").input_value() == hostile  # sent as given, refused by the API
-    assert "engine" in page.locator("#sim-error").inner_text()
+    assert "scheduler" in page.locator("#sim-error").inner_text()
     page.close()

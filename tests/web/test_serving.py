@@ -79,7 +79,7 @@ def test_default_concurrency_sweep_shows_knee_saturation_and_slo_max(client):
 
 
 def test_default_concurrency_levels_stop_where_the_requests_cannot_fill_them(client):
-    data = _post(client).json()  # 256 sequences: levels up to 512, but 128-token outputs allow 200 requests
+    data = _post(client, scheduler="continuous").json()  # 256 sequences: levels up to 512, but 128-token outputs allow 200 requests
     loads = [p["load"] for p in data["points"]]
     assert loads == [2.0 ** k for k in range(len(loads))] and loads[-1] <= data["requests_per_level"] < 2 * loads[-1]
     assert "left out" in data["notes"][0] and f"{2 * loads[-1]:g}" in data["notes"][0]
@@ -139,7 +139,8 @@ def test_work_stays_within_the_budget(client, body):
     ({"requests": 100_000}, 422, "more than one web call simulates"),
     ({"output": 10_000_000}, 422, "speedlimit simulate"),
     ({"engine": "serial", "max_seqs": 4}, 422, "serial"),
-    ({"engine": "vllm"}, 422, "engine"),
+    ({"engine": "warp-drive"}, 422, "engine"),
+    ({"engine": "serial", "scheduler": "continuous"}, 422, "conflict"),
     ({"max_seqs": 64, "max_batched_tokens": 32}, 422, "max_batched_tokens"),
     ({"slo": "ttft=fast"}, 422, "duration"),
     ({"slo": "latency=1s"}, 422, "slo"),
@@ -165,12 +166,12 @@ def test_malformed_json_is_a_422(client):
 
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-anything = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=False), st.text(max_size=12),
+anything = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12),
                      st.lists(st.floats(-1e6, 1e6, allow_nan=False), max_size=14))
 
 
 @FUZZ
-@given(field=st.sampled_from(["load", "values", "requests", "seed", "engine", "max_seqs", "max_batched_tokens",
+@given(field=st.sampled_from(["load", "values", "requests", "seed", "engine", "scheduler", "max_seqs", "max_batched_tokens",
                               "chunked_prefill", "slo", "prompt", "output", "tp", "kv", "weights"]), value=anything)
 def test_any_value_of_any_field_is_200_or_a_one_line_422(client, field, value):
     response = client.post("/api/simulate", json={**BASE, "output": 32, field: value})

@@ -2,7 +2,8 @@
 
 Data lives beside this module: ``hardware.toml`` (devices, each with its vendor source),
 ``models.toml`` (Hugging Face config subsets with their source and published parameter counts) and
-``efficiency.toml`` (achievable fractions of peak per kind of device, with their basis). This module
+``efficiency.toml`` (achievable fractions of peak per kind of device, with their basis) and ``engines.toml``
+(serving-engine profiles, every value with its source). This module
 turns names, aliases, config.json paths, .gguf paths and bare sizes into `Architecture` and
 `Hardware` objects, and unknown names into a one-line error with the closest match.
 """
@@ -24,6 +25,7 @@ from speedlimit.architecture import (
     architecture_from_param_count,
     parse_param_count,
 )
+from speedlimit.engine_profile import EngineProfile
 from speedlimit.errors import SpeedlimitError, file_error, pydantic_message
 from speedlimit.hardware import Efficiency, Hardware
 from speedlimit.suggest import did_you_mean
@@ -229,3 +231,65 @@ def default_efficiency(hardware: Hardware) -> Efficiency:
             row[field] = getattr(hardware, field)
     fields = ("bw_efficiency", "flops_efficiency", "step_overhead_s", "kernel_overhead_s", "basis")
     return Efficiency(**{k: row[k] for k in fields if k in row})
+
+
+# --------------------------------------------------------------------------------------------
+# serving engines
+
+#: The engine a scenario runs when it names none: what `speedlimit verify` runs.
+DEFAULT_ENGINE = "llama-cpp"
+
+
+@cache
+def engine_entries() -> dict[str, dict[str, Any]]:
+    """Raw engine profiles keyed by slug, each with its ``inherits`` parent's values filled in."""
+    raw = _load_toml("engines.toml")
+    merged: dict[str, dict[str, Any]] = {}
+    for key, entry in raw.items():
+        parent = entry.get("inherits")
+        base = {k: v for k, v in raw[parent].items() if k not in ("aliases", "name", "version", "devices")} if parent else {}
+        merged[key] = {**base, **entry}
+    return merged
+
+
+@cache
+def _engine_aliases() -> dict[str, str]:
+    aliases = _alias_map(engine_entries())
+    for key in engine_entries():  # "llama.cpp-cuda" spells "llama-cpp-cuda"
+        aliases.setdefault(_normalize(key).replace("llama-cpp", "llama.cpp"), key)
+    return aliases
+
+
+@cache
+def catalog_engine(key: str) -> EngineProfile:
+    try:
+        return EngineProfile(key=key, **engine_entries()[key])
+    except ValidationError as error:  # a broken data file is our bug, but say where
+        raise SpeedlimitError(f"engine catalog entry {key!r} is invalid: {pydantic_message(error)}") from None
+
+
+def engine_names() -> list[str]:
+    return list(engine_entries())
+
+
+def resolve_engine(text: str | EngineProfile | None) -> EngineProfile:
+    """An engine profile by name or alias (None: `DEFAULT_ENGINE`); unknown → one line listing the known ones."""
+    if isinstance(text, EngineProfile):
+        return text
+    if text is None:
+        return catalog_engine(DEFAULT_ENGINE)
+    key = _engine_aliases().get(_normalize(str(text)))
+    if key:
+        return catalog_engine(key)
+    raise SpeedlimitError(f"unknown --engine {str(text)[:80]!r}{did_you_mean(_normalize(str(text)), _engine_aliases())}; "
+                          f"known engines: {', '.join(engine_names())}")
+
+
+def engine_for_device(engine: EngineProfile, hardware: Hardware) -> EngineProfile:
+    """The default ``llama-cpp`` on a device: its backend (cpu → CPU, apple → Metal, amd → ROCm, else CUDA)."""
+    if engine.key != DEFAULT_ENGINE:
+        return engine
+    backend = {"cpu": "llama-cpp-cpu", "apple": "llama-cpp-metal"}.get(hardware.kind)
+    if backend is None and hardware.kind == "gpu":
+        backend = "llama-cpp-rocm" if hardware.vendor == "amd" else "llama-cpp-cuda"
+    return catalog_engine(backend) if backend else engine

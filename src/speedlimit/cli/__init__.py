@@ -49,10 +49,12 @@ EXAMPLES = {
     "simulate": [
         "speedlimit simulate -m llama-3.1-8b -H h100-sxm --concurrency 64 --requests 1000 --prompt-tokens 1024 --output-tokens 256",
         "speedlimit simulate -m llama-3.1-8b -H h100-sxm --sweep rate=5,10,20,40 --slo ttft=1s,tpot=50ms --out runs/sim",
-        "speedlimit simulate -m smollm2-135m -H local --engine serial --concurrency 4 --requests 16 --json",
+        "speedlimit simulate -m smollm2-135m -H local --engine llama-cpp-python --concurrency 4 --requests 16 --json",
+        "speedlimit simulate -m llama-3.1-70b -H h100-sxm --tp 4 --engine vllm --concurrency 64 --requests 500",
     ],
     "verify": ["speedlimit verify --quick", "speedlimit verify --out verify.json"],
-    "calibrate": ["speedlimit calibrate verify.json", "speedlimit calibrate verify.json runs/a/summary.json --name box --out box.toml"],
+    "calibrate": ["speedlimit calibrate verify.json", "speedlimit calibrate verify.json runs/a/summary.json --name box --out box.toml",
+                  "speedlimit calibrate runs/a --hardware h100-sxm --model llama-3.1-8b --engine vllm --name h100-vllm"],
     "serve": ["speedlimit serve", "speedlimit serve --port 8080"],
     "report": ["speedlimit report runs/a", "speedlimit report runs/a/requests.jsonl --out /tmp/report"],
 }

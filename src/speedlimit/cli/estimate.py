@@ -47,7 +47,7 @@ def _parse_list(text: str, what: str) -> list[float]:
 
 
 ESTIMATE_INPUTS = (
-    "model", "hardware", "profile", "bandwidth", "flops", "memory", "weights", "kv", "compute", "batch", "prompt",
+    "model", "hardware", "profile", "bandwidth", "flops", "memory", "weights", "kv", "engine", "compute", "batch", "prompt",
     "output", "tp", "ideal", "bw_efficiency", "flops_efficiency", "step_overhead_s", "usd_per_hour",
 )  # fmt: skip
 
@@ -152,7 +152,7 @@ def _count_or_dash(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
 
-@scenario_options("output", "kv", "tp", "ideal")
+@scenario_options("output", "kv", "engine", "tp", "ideal")
 def sweep_command(
     inputs: dict[str, Any],
     model: Annotated[list[str], typer.Option("--model", "-m", help="Catalog name, config.json, .gguf or size; repeat for several.")],

@@ -25,7 +25,8 @@ def simulation_table(summary: RunSummary) -> Table:
     """What bench can't see: the engine's batch, queue and KV cache, and where each request's time went."""
     sim = summary.simulation or {}
     engine = summary.engine or {}
-    table = Table(title=f"inside the engine ({engine.get('mode', '?')}, max {engine.get('max_seqs')} sequences, "
+    name = f"{engine['engine']}: " if engine.get("engine") else ""
+    table = Table(title=f"inside the engine ({name}{engine.get('mode', '?')}, max {engine.get('max_seqs')} sequences, "
                         f"{engine.get('max_batched_tokens'):,} tokens/step, "
                         f"{'chunked' if engine.get('chunked_prefill') else 'whole'} prefill)",
                   show_header=False, title_justify="left")
@@ -79,7 +80,7 @@ def print_simulation(console: Console, summary: RunSummary | SweepSummary) -> No
 
 #: The scenario inputs simulate shares with estimate (flags, help and validation come from `Scenario`).
 SIMULATE_INPUTS = (
-    "model", "hardware", "profile", "bandwidth", "flops", "memory", "weights", "kv", "compute", "tp", "ideal",
+    "model", "hardware", "profile", "bandwidth", "flops", "memory", "weights", "kv", "engine", "compute", "tp", "ideal",
     "bw_efficiency", "flops_efficiency", "step_overhead_s",
 )  # fmt: skip
 
@@ -87,7 +88,8 @@ SIMULATE_INPUTS = (
 @scenario_options(*SIMULATE_INPUTS)
 def simulate_command(
     inputs: dict[str, Any],
-    sequence_overhead: Optional[float] = typer.Option(None, help="Engine cost per running sequence per step, seconds."),
+    sequence_overhead: Optional[float] = typer.Option(None, help="Engine cost per running sequence per step, seconds "
+                                                                 "(default: the engine profile's)."),
     prompt_tokens: str = typer.Option("128", help="Prompt length in tokens: N, uniform:LOW:HIGH or normal:MEAN:STD."),
     output_tokens: str = typer.Option("64", help="Output tokens per request: N, uniform:LOW:HIGH or normal:MEAN:STD."),
     dataset: Optional[Path] = typer.Option(None, help="bench's JSONL of prompts (lengths in words, or prompt_tokens)."),
@@ -100,12 +102,14 @@ def simulate_command(
     sweep: Optional[str] = typer.Option(None, help="concurrency=1,2,4 or rate=0.5,1,2: one run per value + knee."),
     knee_fraction: float = typer.Option(0.9, help="Knee = lowest load reaching this fraction of peak tok/s."),
     slo: Optional[str] = typer.Option(None, help="Goodput SLO, e.g. ttft=1s,tpot=50ms (keys ttft itl tpot e2e)."),
-    engine: str = typer.Option("continuous", help="continuous (batching, vLLM/llama-server) or serial (one request "
-                                                  "at a time, llama-cpp-python's server)."),
-    max_seqs: Optional[int] = typer.Option(None, help="Running-sequence cap (default 256; serial: 1)."),
-    max_batched_tokens: Optional[int] = typer.Option(None, help="Token budget per step (default 8192; serial: 512)."),
-    chunked_prefill: bool = typer.Option(True, help="Split prompts over steps within the token budget (else "
-                                                    "prefill-first steps of whole prompts)."),
+    scheduler: Optional[str] = typer.Option(None, help="continuous (iteration-level batching) or serial (one request at "
+                                                       "a time) with generic defaults (256 sequences, 8,192 tokens/step; "
+                                                       "serial: 1, 512); default: the engine profile's scheduler."),
+    max_seqs: Optional[int] = typer.Option(None, help="Running-sequence cap (default: the engine profile's)."),
+    max_batched_tokens: Optional[int] = typer.Option(None, help="Token budget per step (default: the engine profile's)."),
+    chunked_prefill: Optional[bool] = typer.Option(None, help="Split prompts over steps within the token budget (else "
+                                                              "prefill-first steps of whole prompts; default: the "
+                                                              "engine profile's)."),
     block_size: int = typer.Option(16, help="KV-cache block size in tokens (paged attention)."),
     kv_tokens: Optional[int] = typer.Option(None, help="KV-cache capacity in tokens (default: memory beside the "
                                                        "weights; llama-server: its -c)."),
@@ -119,14 +123,16 @@ def simulate_command(
     from speedlimit.bench.runner import check_out_dir, parse_sweep, prepare_out_dir
     from speedlimit.estimator.api import resolve
     from speedlimit.scenario import scenario_from
-    from speedlimit.simulator.api import build_workload, engine_config, run_workload, with_sequence_overhead
+    from speedlimit.simulator.api import build_workload, engine_config, run_workload, split_engine, with_sequence_overhead
     from speedlimit.simulator.api import sweep as run_sweep
 
     if not 0 < knee_fraction <= 1:
         raise SpeedlimitError(f"--knee-fraction must be in (0, 1], got {knee_fraction}")
+    inputs["engine"], scheduler, use_profile = split_engine(inputs.get("engine"), scheduler)  # --engine serial: old spelling
     step = with_sequence_overhead(resolve(scenario_from(**inputs)), sequence_overhead)
-    config = engine_config(engine, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
-                           chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step)
+    config = engine_config(scheduler, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
+                           chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step,
+                           use_profile=use_profile)
     slo_bounds = parse_slo(slo)
     check_out_dir(out, force)  # bench's check, before any work: never a file, never over a run unless --force
     workload_options = dict(burstiness=burstiness, requests=requests, duration_s=duration, prompt_tokens=prompt_tokens,

@@ -193,7 +193,8 @@ def verify_command(
 
 
 def calibrate_command(
-    results: list[Path] = typer.Argument(..., help="`speedlimit verify --out` files and/or bench summary.json files."),
+    results: list[Path] = typer.Argument(..., help="`speedlimit verify --out` files and/or bench summary.json files, "
+                                                   "or one bench --sweep run directory (summary.json + requests.jsonl)."),
     name: str = typer.Option("local", "--name", help="Profile name; then use `--hardware NAME`."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Base hardware whose peaks the fractions refer to "
                                            "(default: the machine measured by verify, else the bench run's hardware)."),
@@ -201,12 +202,29 @@ def calibrate_command(
     force: bool = flag_option("--force/--no-force", "Save the fit even when it predicts the measurements worse than "
                                                     "the defaults did.", default=False),
     json_output: bool = flag_option("--json/--no-json", "Print the fit as JSON.", default=False),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Bench run directory: the model the server ran "
+                                        "(default: the model name the run recorded)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Bench run directory: the serving engine's profile, the "
+                                         "prior (default llama.cpp)."),
+    tp: int = typer.Option(1, "--tp", help="Bench run directory: tensor-parallel devices."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Bench run directory: the weight format served."),
+    kv: Optional[str] = typer.Option(None, "--kv", help="Bench run directory: the KV-cache format (default: the engine's)."),
 ) -> None:
     """Fit achievable bandwidth/FLOPs fractions and per-step overhead, and save them as a hardware profile.
 
     The fit is always printed; it is saved only when it predicts the measurements at least as well as the
     defaults did (or with --force). A profile that cannot be written is an error after the fit is shown.
+    A bench sweep directory is fitted on a fixed half of its levels and scored on the others (printed).
     """
+    if any(path.is_dir() for path in results):
+        if len(results) != 1:
+            raise SpeedlimitError("give one bench run directory (a --sweep run's --out), without other files")
+        _calibrate_deployment(results[0], name=name, hardware=hardware, out=out, force=force, json_output=json_output,
+                              model=model, engine=engine, tp=tp, weights=weights, kv=kv)
+        return
+    for flag, value in (("--model", model), ("--engine", engine), ("--weights", weights), ("--kv", kv)):
+        if value is not None:
+            raise SpeedlimitError(f"{flag} applies to a bench run directory; verify results and summaries name their own")
     from speedlimit.catalog import default_efficiency, resolve_hardware
     from speedlimit.catalog.profiles import profile_path, profiles_dir, save_profile
     from speedlimit.verify.fit import fit_calibration, load_calibration_inputs, profile_record
@@ -282,3 +300,85 @@ def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
     console.print(fields)
     for note in fit.notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
+
+
+def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: Path | None, force: bool,
+                          json_output: bool, model: str | None, engine: str | None, tp: int, weights: str | None,
+                          kv: str | None) -> None:
+    """`speedlimit calibrate RUN_DIR`: fit this deployment's profile on part of a bench sweep, score it on the rest."""
+    from speedlimit.catalog import resolve_hardware
+    from speedlimit.catalog.profiles import profile_path, profiles_dir, save_profile
+    from speedlimit.estimator.api import step_model
+    from speedlimit.verify.fit import DeploymentParams, deployment_points, deployment_record, fit_deployment, sweep_levels
+
+    profile_path(name)  # validate the name before any work
+    if out is not None and out.is_dir():
+        raise SpeedlimitError(f"--out {out} is a directory; give a file name like {name}.toml")
+    levels, info = sweep_levels(path)
+    model = model or info.get("model")
+    if not model:
+        raise SpeedlimitError(f"{path} does not say which model it served: pass --model NAME")
+    hardware = hardware or info.get("hardware")
+    if not hardware:
+        raise SpeedlimitError(f"{path} does not say which hardware it ran on: pass --hardware NAME")
+    base = resolve_hardware(hardware)
+    step = step_model(model, base, engine=engine, tp=tp, weights=weights, kv=kv)
+    peak_flops = base.peak_flops(step.compute_dtype)
+    if not math.isfinite(peak_flops):
+        raise SpeedlimitError(f"{base.name} has no peak FLOP/s figure: pass --hardware with one")
+    cap = 1.0 if step.engine.mode.value == "serial" else float(step.engine.max_seqs.at(base.memory_bytes))
+    points = deployment_points(levels, step.cost, tp, base.memory_bandwidth_Bps, peak_flops,
+                               base.interconnect_Bps or math.nan, max_sequences=cap)
+    prior = DeploymentParams(bw_efficiency=step.efficiency.bw_efficiency, flops_efficiency=step.efficiency.flops_efficiency,
+                             step_overhead_s=float(step.machine.step_overhead_s),
+                             sequence_overhead_s=float(step.machine.sequence_overhead_s))
+    fit = fit_deployment(points, prior)
+    refusal = fit.refusal()
+    saved: Path | None = None
+    problem: str | None = None
+    if refusal is not None and not force:
+        problem = f"not saved: {refusal}; pass --force to save it anyway"
+    else:
+        try:
+            saved = save_profile(name, deployment_record(name, base, fit, step.engine.key, [str(path)]), out)
+        except OSError as error:
+            problem = f"{write_error(out or profile_path(name), error, 'the profile')}; pass --out FILE to write it elsewhere"
+    if json_output:
+        payload = {"profile": name, "path": str(saved) if saved else None, "saved": saved is not None,
+                   "base_hardware": base.key, "model": step.arch.name, "engine": step.engine.key, "tp": tp,
+                   "split": fit.split, "fitted": fit.fitted.__dict__, "prior": fit.prior.__dict__, "errors": fit.errors,
+                   "points": [{"label": p.label, "kind": p.kind, "fold": p.fold, "measured_s": p.measured_s,
+                               "prior_s": fit.prior.predict(p), "fitted_s": fit.fitted.predict(p)} for p in fit.points],
+                   "refused": refusal, "notes": fit.notes}
+        sys.stdout.write(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    else:
+        console = Console()
+        table = Table(title=escape(f"Calibration of {step.arch.name} on {base.name} ×{tp}, engine {step.engine.key}"),
+                      title_justify="left")
+        for column in ("point", "fold", "measured", "prior", "fitted"):
+            table.add_column(column, justify="left" if column in ("point", "fold") else "right")
+        for point in fit.points:
+            table.add_row(escape(point.label), point.fold, _ms(point.measured_s), _ms(fit.prior.predict(point)),
+                          _ms(fit.fitted.predict(point)))
+        console.print(table)
+        values = Table(show_header=True)
+        values.add_column("")
+        values.add_column("prior", justify="right")
+        values.add_column("fitted", justify="right")
+        values.add_row("bw_efficiency", f"{fit.prior.bw_efficiency:.3f}", f"{fit.fitted.bw_efficiency:.3f}")
+        values.add_row("flops_efficiency", f"{fit.prior.flops_efficiency:.3f}", f"{fit.fitted.flops_efficiency:.3f}")
+        values.add_row("step_overhead_s", f"{fit.prior.step_overhead_s * 1e3:.3f} ms", f"{fit.fitted.step_overhead_s * 1e3:.3f} ms")
+        values.add_row("sequence_overhead_s", f"{fit.prior.sequence_overhead_s * 1e6:.1f} us",
+                       f"{fit.fitted.sequence_overhead_s * 1e6:.1f} us")
+        for fold in ("fit", "held-out"):
+            values.add_row(f"mean |error|, {fold} points", _pct(fit.errors[fold]["prior"]), _pct(fit.errors[fold]["fitted"]))
+        console.print(values)
+        console.print(f"split: {fit.split}", highlight=False)
+        for note in fit.notes:
+            console.print(f"[yellow]note:[/yellow] {escape(note)}")
+    if problem is not None:
+        raise SpeedlimitError(problem)
+    if not json_output:
+        use = f"--hardware {name}" if out is None else f"--hardware {name} after copying it to {profiles_dir()}"
+        Console().print(f"profile saved to {escape(str(saved))}\nuse it: speedlimit estimate {escape(use)} "
+                        f"--engine {step.engine.key} --model ...", highlight=False)

@@ -13,7 +13,8 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 from speedlimit.architecture import Architecture
 from speedlimit.artifacts import Artifact
-from speedlimit.catalog import default_efficiency, resolve_hardware, resolve_model
+from speedlimit.catalog import default_efficiency, engine_for_device, resolve_engine, resolve_hardware, resolve_model
+from speedlimit.engine_profile import EngineProfile
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.hardware import Efficiency, Hardware, custom_hardware
@@ -73,6 +74,8 @@ class Estimate(Artifact):
     step_overhead_s: float
     kernels_per_step: float  # kernels one decode step launches (what the default overhead is charged on)
     efficiency_basis: str
+    engine: str = "llama-cpp"  # the serving-engine profile (catalog/engines.toml)
+    sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
 
 
 def cost_model(arch: Architecture, weights: Precision | None, kv: Precision) -> tuple[core.CostModel, float]:
@@ -162,6 +165,7 @@ class StepModel(NamedTuple):
     compute_dtype: str
     tp: int
     ideal: bool
+    engine: EngineProfile | None = None  # the serving engine whose costs and scheduler the step model carries
 
     @property
     def step_overhead_s(self) -> float:
@@ -175,29 +179,75 @@ class StepModel(NamedTuple):
 
 
 def resolve(scenario: Scenario) -> StepModel:
-    """Look up the model and hardware a scenario names, check they go together, and build its cost model and machine."""
+    """Look up the model, hardware and engine a scenario names, check they go together, and build its cost model and machine."""
     arch = scenario.model if isinstance(scenario.model, Architecture) else resolve_model(scenario.model)
     device = _hardware(scenario)
+    # a profile calibrated on a bench sweep names the engine it measured: its default engine
+    engine = engine_for_device(resolve_engine(scenario.engine if scenario.engine is not None
+                                              else getattr(device, "engine", None)), device)
+    if device.kind not in engine.devices:
+        raise SpeedlimitError(f"--engine {engine.key} runs on {', '.join(engine.devices)} devices, not on {device.name} "
+                              f"({device.kind}); pick another engine (llama.cpp runs everywhere)")
     _check_tensor_parallel(arch, scenario.tp)
     weights = parse_precision(scenario.weights, what="weights") if scenario.weights is not None else None
-    kv = parse_precision(scenario.kv, what="kv")
-    defaults = default_efficiency(device)
-    overridden = (scenario.bw_efficiency, scenario.flops_efficiency, scenario.step_overhead_s) != (None, None, None)
-    efficiency = Efficiency(
-        bw_efficiency=scenario.bw_efficiency or defaults.bw_efficiency,
-        flops_efficiency=scenario.flops_efficiency or defaults.flops_efficiency,
-        # an explicit overhead is the whole per-step cost; otherwise fixed + per-kernel defaults
-        step_overhead_s=defaults.step_overhead_s if scenario.step_overhead_s is None else scenario.step_overhead_s,
-        kernel_overhead_s=defaults.kernel_overhead_s if scenario.step_overhead_s is None else 0.0,
-        basis="overridden" if overridden else defaults.basis,
-    )
+    kv = parse_precision(scenario.kv if scenario.kv is not None else engine.kv.value, what="kv")
+    efficiency, terms = engine_efficiency(scenario, device, engine)
     cost, bits = cost_model(arch, weights, kv)
     weights_name = weights.name if weights else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
     compute_dtype = scenario.compute or (weights.compute_dtype if weights else "bf16")
     if scenario.ideal:
         cost = ideal_cost_model(cost, arch)
-    machine = machine_for(device, efficiency, compute_dtype, scenario.tp, scenario.ideal, arch.decode_kernels)
-    return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv.name, compute_dtype, scenario.tp, scenario.ideal)
+    kernels = arch.decode_kernels * (engine.kernel_fraction.value if engine.kernel_fraction else 1.0)
+    machine = machine_for(device, efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels)
+    if not scenario.ideal:
+        machine = machine._replace(**terms)
+    return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv.name, compute_dtype, scenario.tp,
+                     scenario.ideal, engine)
+
+
+def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfile) -> tuple[Efficiency, dict[str, float]]:
+    """The achievable fractions and overheads of ``engine`` on ``device``, and the engine's extra `core.Machine` terms.
+
+    Precedence, per value: the scenario's flag, then a calibrated profile's fitted value, then the engine profile,
+    then the device kind's default (catalog/efficiency.toml). An explicit --flops-efficiency (or a calibrated one)
+    is a flat GEMM rate; an explicit --step-overhead is the whole per-step cost.
+    """
+    defaults = default_efficiency(device)
+    calibrated = device.calibrated_at is not None
+    terms: dict[str, float] = {}
+    flops_efficiency = scenario.flops_efficiency or (device.flops_efficiency if calibrated else None)
+    points = engine.gemm_points
+    if flops_efficiency is None and points:
+        flops_efficiency = max(e for _, e in points)
+        (t0, e0), (t1, e1) = points[0], points[-1]
+        terms.update(gemm_tokens_small=t0, gemm_factor_small=e0 / flops_efficiency,
+                     gemm_tokens_large=t1, gemm_factor_large=e1 / flops_efficiency)
+    flops_efficiency = flops_efficiency or defaults.flops_efficiency
+    if engine.attention_efficiency is not None and scenario.flops_efficiency is None and not calibrated:
+        terms["attention_factor"] = engine.attention_efficiency.value / flops_efficiency
+    if calibrated and device.sequence_overhead_s is not None:  # fitted on this deployment's bench sweep
+        terms["sequence_overhead_s"] = float(device.sequence_overhead_s)
+    elif engine.sequence_overhead_s is not None:
+        terms["sequence_overhead_s"] = float(engine.sequence_overhead_s.value)
+    if scenario.step_overhead_s is not None:  # an explicit overhead is the whole per-step cost
+        step_s, kernel_s = scenario.step_overhead_s, 0.0
+    elif calibrated and device.step_overhead_s is not None:  # measured on the deployment: the whole per-step cost
+        step_s, kernel_s = defaults.step_overhead_s, defaults.kernel_overhead_s
+    else:
+        step_s = engine.step_overhead_s.value if engine.step_overhead_s else defaults.step_overhead_s
+        kernel_s = engine.kernel_overhead_s.value if engine.kernel_overhead_s else defaults.kernel_overhead_s
+    overridden = (scenario.bw_efficiency, scenario.flops_efficiency, scenario.step_overhead_s) != (None, None, None)
+    basis = "overridden" if overridden else defaults.basis
+    if terms or engine.step_overhead_s or engine.kernel_overhead_s:
+        basis += f"; engine {engine.name}, {engine.version} (catalog/engines.toml)"
+    efficiency = Efficiency(
+        bw_efficiency=scenario.bw_efficiency or defaults.bw_efficiency,
+        flops_efficiency=flops_efficiency,
+        step_overhead_s=step_s,
+        kernel_overhead_s=kernel_s,
+        basis=basis,
+    )
+    return efficiency, terms
 
 
 def step_model(model: str | Architecture, hardware: str | Hardware | None = None, **inputs: Any) -> StepModel:
@@ -306,6 +356,8 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         bw_efficiency=1.0 if ideal else efficiency.bw_efficiency,
         flops_efficiency=1.0 if ideal else efficiency.flops_efficiency,
         step_overhead_s=0.0 if ideal else resolved.step_overhead_s,
-        kernels_per_step=arch.decode_kernels,
+        kernels_per_step=arch.decode_kernels * (resolved.engine.kernel_fraction.value if resolved.engine.kernel_fraction else 1.0),
         efficiency_basis="ideal: peak bandwidth and FLOPs, weights only" if ideal else efficiency.basis,
+        engine=resolved.engine.key,
+        sequence_overhead_s=float(machine.sequence_overhead_s),
     )

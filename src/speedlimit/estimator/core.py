@@ -5,8 +5,13 @@ one call evaluates a whole sweep grid; with floats it takes a scalar fast path (
 engine step). A step is described by running sums over its sequences (`StepBatch`), so its cost is O(1) in the
 number of sequences:
 
-    step_s = max(bytes_read / (tp · achievable_BW), flops / (tp · achievable_FLOPs))
+    step_s = max(bytes_read / (tp · achievable_BW), flops_priced / (tp · achievable_FLOPs))
              + per-step overhead + per-sequence overhead · sequences + tensor-parallel all-reduces
+
+flops_priced = matmul FLOPs / gemm_factor(tokens in the step) + attention FLOPs / attention_factor: the serving
+engine's GEMMs reach a token-dependent fraction of the large-GEMM rate (`Machine.gemm_*`, two anchors, linear in
+log2 tokens, flat outside) and its attention kernels their own (`Machine.attention_factor`); both are 1 unless an
+engine profile (catalog/engines.toml) sets them.
 
 bytes_read = the weights touched once (MoE: the expected union of routed experts over the step's tokens)
            + every decode sequence's KV cache at its context + each prefill chunk's KV (the context before it,
@@ -67,6 +72,13 @@ class Machine(NamedTuple):
     link_Bps: float | np.ndarray  # per-direction device-to-device bandwidth (NaN: unknown)
     tp: float | np.ndarray = 1
     sequence_overhead_s: float | np.ndarray = 0.0  # per running sequence per step (engine bookkeeping, sampling)
+    # the engine's GEMM rate relative to `flops`: gemm_factor_small at <= gemm_tokens_small tokens in the step,
+    # gemm_factor_large at >= gemm_tokens_large, linear in log2(tokens) between
+    gemm_tokens_small: float | np.ndarray = 1.0
+    gemm_factor_small: float | np.ndarray = 1.0
+    gemm_tokens_large: float | np.ndarray = 1.0
+    gemm_factor_large: float | np.ndarray = 1.0
+    attention_factor: float | np.ndarray = 1.0  # the attention kernels' rate relative to `flops`
 
 
 class StepBatch(NamedTuple):
@@ -178,9 +190,38 @@ def step_bytes(cost: CostModel, step: StepBatch):
 
 def step_flops(cost: CostModel, step: StepBatch):
     """FLOPs of one step: matmuls per token plus attention per (query, key) pair."""
-    return ((step.decode_sequences + step.prefill_tokens) * cost.matmul_flops_per_token
-            + cost.attn_flops_per_ctx_global * (step.decode_context + step.prefill_pairs)
+    return step_matmul_flops(cost, step) + step_attention_flops(cost, step)
+
+
+def step_matmul_flops(cost: CostModel, step: StepBatch):
+    return (step.decode_sequences + step.prefill_tokens) * cost.matmul_flops_per_token
+
+
+def step_attention_flops(cost: CostModel, step: StepBatch):
+    return (cost.attn_flops_per_ctx_global * (step.decode_context + step.prefill_pairs)
             + cost.attn_flops_per_ctx_local * (step.decode_context_local + step.prefill_pairs_local))
+
+
+def gemm_factor(machine: Machine, tokens):
+    """The engine's GEMM rate at ``tokens`` tokens per step, relative to `Machine.flops` (1 without a profile)."""
+    t0, f0, t1, f1 = machine.gemm_tokens_small, machine.gemm_factor_small, machine.gemm_tokens_large, machine.gemm_factor_large
+    if _scalar(t0) and _scalar(f0) and _scalar(t1) and _scalar(f1) and _scalar(tokens):
+        if f0 == f1 or tokens <= t0:
+            return f0
+        if tokens >= t1:
+            return f1
+        return f0 + (f1 - f0) * (math.log2(tokens) - math.log2(t0)) / (math.log2(t1) - math.log2(t0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        span = np.log2(t1) - np.log2(t0)
+        w = np.where(span > 0, (np.log2(np.maximum(tokens, 1e-300)) - np.log2(t0)) / np.where(span > 0, span, 1.0),
+                     np.asarray(tokens) >= t1)
+    return f0 + (f1 - f0) * np.clip(w, 0.0, 1.0)
+
+
+def priced_flops(cost: CostModel, machine: Machine, step: StepBatch):
+    """A step's FLOPs weighted by the engine's kernel rates: what `Machine.flops` must execute in the step's time."""
+    tokens = step.decode_sequences + step.prefill_tokens
+    return step_matmul_flops(cost, step) / gemm_factor(machine, tokens) + step_attention_flops(cost, step) / machine.attention_factor
 
 
 def decode_bytes(cost: CostModel, batch, context):
@@ -244,7 +285,7 @@ def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0):
 def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
     """Wall time of one engine step with a mixed batch of decode sequences and prefill chunks."""
     tokens = step.decode_sequences + step.prefill_tokens
-    return step_time(step_bytes(cost, step), step_flops(cost, step), machine,
+    return step_time(step_bytes(cost, step), priced_flops(cost, machine, step), machine,
                      allreduce_seconds(cost, machine, tokens), step.decode_sequences + step.prefill_sequences)
 
 
@@ -265,7 +306,8 @@ def mean_decode_step_seconds(cost: CostModel, machine: Machine, batch, context_s
     knee = np.clip(cost.window, start, end)
 
     def gap(context):  # memory minus compute time: linear on each side of the window knee
-        memory_s, compute_s = roofline_seconds(decode_bytes(cost, batch, context), decode_flops(cost, batch, context), machine)
+        memory_s, compute_s = roofline_seconds(decode_bytes(cost, batch, context),
+                                               priced_flops(cost, machine, decode_batch(cost, batch, context)), machine)
         return memory_s - compute_s
 
     def crossing(lo, hi):
@@ -296,7 +338,7 @@ def reply_decode(cost: CostModel, machine: Machine, batch, prompt, output) -> Re
     """``batch`` sequences generating ``output`` tokens after ``prompt``: what estimate, sweep and curves report."""
     mid = prompt + output / 2
     bytes_read, flops = decode_bytes(cost, batch, mid), decode_flops(cost, batch, mid)
-    memory_s, compute_s = roofline_seconds(bytes_read, flops, machine)
+    memory_s, compute_s = roofline_seconds(bytes_read, priced_flops(cost, machine, decode_batch(cost, batch, mid)), machine)
     compute_bound = compute_s > memory_s if _scalar(memory_s) and _scalar(compute_s) else np.asarray(compute_s) > np.asarray(memory_s)
     return ReplyDecode(mean_decode_step_seconds(cost, machine, batch, prompt, prompt + output), bytes_read, flops, compute_bound)
 
@@ -318,13 +360,14 @@ def critical_batch(cost: CostModel, machine: Machine, context, max_batch: float 
     """
 
     def compute_bound(batch):
-        memory_s, compute_s = roofline_seconds(decode_bytes(cost, batch, context), decode_flops(cost, batch, context), machine)
+        memory_s, compute_s = roofline_seconds(decode_bytes(cost, batch, context),
+                                               priced_flops(cost, machine, decode_batch(cost, batch, context)), machine)
         return compute_s >= memory_s
 
     shape = np.broadcast(*(np.asarray(v) for v in (*cost, *machine, context))).shape
     memory_per_sequence, compute_per_sequence = roofline_seconds(
         kv_bytes_per_sequence(cost, context) + cost.activation_bytes_per_token + cost.embedding_row_bytes,
-        decode_flops(cost, 1.0, context),
+        priced_flops(cost, machine, decode_batch(cost, 1.0, context)),
         machine,
     )
     fixed_s, _ = roofline_seconds(cost.head_bytes + cost.dense_bytes, 0.0, machine)
@@ -336,7 +379,9 @@ def critical_batch(cost: CostModel, machine: Machine, context, max_batch: float 
     # guard the ceiling against rounding: the answer is bound, the batch below it is not
     closed = np.where(finite & (closed > 1) & compute_bound(np.where(finite, closed - 1, 1.0)), closed - 1, closed)
     closed = np.where(finite & ~compute_bound(np.where(finite, closed, 1.0)), closed + 1, closed)
-    moe = np.broadcast_to(np.asarray(cost.n_experts) > 0, shape)
+    # MoE weights read grow with the batch, and a token-dependent GEMM rate bends the line: bisect both
+    moe = np.broadcast_to((np.asarray(cost.n_experts) > 0)
+                          | (np.asarray(machine.gemm_factor_small) != np.asarray(machine.gemm_factor_large)), shape)
     if not np.any(moe):
         return np.broadcast_to(closed, shape) if shape else closed
 

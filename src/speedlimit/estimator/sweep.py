@@ -138,9 +138,10 @@ def sweep_arrays(
     contexts: Sequence[float],
     *,
     output: int = 256,
-    kv: str = "fp16",
+    kv: str | None = None,
     tp: int = 1,
     ideal: bool = False,
+    engine: Any = None,
 ) -> dict[str, np.ndarray]:
     """The grid as arrays of shape (models·weights, hardware, batch, context).
 
@@ -154,7 +155,8 @@ def sweep_arrays(
     batch = _check_axis("batch", batches, 1, MAX_BATCH).reshape(1, 1, -1, 1)
     context = _check_axis("context", contexts, 0, MAX_TOKENS).reshape(1, 1, 1, -1)
     cells = [
-        [resolve(scenario_from(model=arch, hardware=device, weights=w, kv=kv, tp=tp, ideal=ideal, output=output))
+        [resolve(scenario_from(model=arch, hardware=device, weights=w, kv=kv, tp=tp, ideal=ideal, output=output,
+                               engine=engine))
          for device in hardware]
         for arch in models
         for w in weights
@@ -184,15 +186,17 @@ def sweep_grid(
     contexts: Sequence[float],
     *,
     output: int = 256,
-    kv: str = "fp16",
+    kv: str | None = None,
     tp: int = 1,
     ideal: bool = False,
+    engine: Any = None,
 ) -> SweepResult:
     """Resolve names, evaluate the grid, and flatten it to one row per configuration."""
     check_grid_size(models, hardware, weights, batches, contexts)
     archs = [resolve_model(m) for m in models]
     devices = [resolve_hardware(h) for h in hardware]
-    arrays = sweep_arrays(archs, devices, weights, batches, contexts, output=output, kv=kv, tp=tp, ideal=ideal)
+    arrays = sweep_arrays(archs, devices, weights, batches, contexts, output=output, kv=kv, tp=tp, ideal=ideal,
+                          engine=engine)
     shape = (len(archs) * len(weights), len(devices), len(batches), len(contexts))
     full = {k: np.broadcast_to(v, shape).reshape(-1) for k, v in arrays.items()}
     mw, h, b, c = (axis.reshape(-1) for axis in np.indices(shape))

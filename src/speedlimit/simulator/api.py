@@ -22,6 +22,7 @@ from speedlimit.bench.metrics import find_knee, parse_slo, summarize
 from speedlimit.bench.workload import LengthSpec, _dataset_order, arrival_offsets_s, load_dataset, parse_length_spec
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
+from speedlimit.engine_profile import EngineProfile
 from speedlimit.estimator.api import StepModel, step_model
 from speedlimit.simulator.engine import EngineConfig, RawRun, run
 
@@ -92,19 +93,25 @@ def _length_spec(value: Any, what: str) -> LengthSpec:
     return spec
 
 
-def engine_config(mode: str = "continuous", *, max_seqs: int | None = None, max_batched_tokens: int | None = None,
-                  chunked_prefill: bool = True, block_size: int = 16, kv_tokens: float | None = None,
-                  step: StepModel | None = None) -> EngineConfig:
-    """An engine from its mode's defaults and overrides; the KV capacity from memory beside the weights."""
+def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_batched_tokens: int | None = None,
+                  chunked_prefill: bool | None = None, block_size: int = 16, kv_tokens: float | None = None,
+                  step: StepModel | None = None, profile: EngineProfile | None = None,
+                  use_profile: bool = True) -> EngineConfig:
+    """An engine's scheduler: explicit options over the engine profile's defaults (``profile``, else ``step``'s
+    engine; vLLM's and SGLang's depend on the device's memory and the KV capacity); with ``mode`` given
+    (continuous or serial), that scheduler's generic defaults instead. The KV capacity from memory beside the weights. ``use_profile=False``: the mode's generic defaults only."""
+    if profile is None and step is not None:
+        profile = step.engine
+    if not use_profile or mode is not None:  # a scheduler named explicitly runs on its generic defaults
+        profile = None
+    if mode is None:
+        mode = profile.mode.value if profile is not None else "continuous"
     mode = str(mode).strip().lower()
     if mode not in ENGINE_DEFAULTS:
-        raise SpeedlimitError(f"--engine must be continuous or serial, got {mode!r}")
-    defaults = ENGINE_DEFAULTS[mode]
+        raise SpeedlimitError(f"--scheduler must be continuous or serial, got {mode!r}")
+    defaults = dict(ENGINE_DEFAULTS[mode])
     if mode == "serial" and max_seqs not in (None, 1):
-        raise SpeedlimitError("--engine serial runs one request at a time: drop --max-seqs or use --engine continuous")
-    max_seqs = _whole("max-seqs", defaults["max_seqs"] if max_seqs is None else max_seqs, 1, 1_000_000)
-    tokens = _whole("max-batched-tokens", defaults["max_batched_tokens"] if max_batched_tokens is None
-                    else max_batched_tokens, 1, 10_000_000)
+        raise SpeedlimitError("the serial scheduler runs one request at a time: drop --max-seqs or use --scheduler continuous")
     block_size = _whole("block-size", block_size, 1, 65_536)
     if kv_tokens is not None:
         capacity = float(_whole("kv-tokens", kv_tokens, 1, 10**12))
@@ -117,10 +124,34 @@ def engine_config(mode: str = "continuous", *, max_seqs: int | None = None, max_
         capacity = math.floor(budget / per_token) if per_token > 0 and math.isfinite(budget) else math.inf
     else:
         capacity = math.inf
+    if profile is not None:
+        memory = step.device.memory_bytes if step is not None else None
+        if step is not None and "a100" in f"{step.device.key} {step.device.name}".lower():
+            memory = None  # vLLM keeps its small defaults on A100s (arg_utils.py get_batch_defaults)
+        defaults = {"max_seqs": profile.max_seqs.at(memory, capacity),
+                    "max_batched_tokens": profile.max_batched_tokens.at(memory)}
+        if chunked_prefill is None:
+            chunked_prefill = bool(profile.chunked_prefill.value)
+    max_seqs = _whole("max-seqs", defaults["max_seqs"] if max_seqs is None else max_seqs, 1, 1_000_000)
+    tokens = _whole("max-batched-tokens", defaults["max_batched_tokens"] if max_batched_tokens is None
+                    else max_batched_tokens, 1, 10_000_000)
     if max_batched_tokens is None and mode == "continuous" and tokens < max_seqs:
         tokens = max_seqs
-    return EngineConfig(mode=mode, max_seqs=max_seqs, max_batched_tokens=tokens, chunked_prefill=bool(chunked_prefill),
+    return EngineConfig(mode=mode, max_seqs=max_seqs, max_batched_tokens=tokens,
+                        chunked_prefill=True if chunked_prefill is None else bool(chunked_prefill),
                         block_size=block_size, kv_capacity_tokens=capacity).check()
+
+
+def split_engine(engine: Any, scheduler: str | None = None) -> tuple[Any, str | None, bool]:
+    """(engine profile name, scheduler mode, whether the profile's scheduler defaults apply).
+
+    The spelling from before engine profiles, ``engine="continuous"|"serial"``, names a generic scheduler (256
+    sequences and 8,192 tokens per step, or one request at a time) on the default engine's step costs."""
+    if isinstance(engine, str) and engine.strip().lower() in ENGINE_DEFAULTS:
+        if scheduler is not None and scheduler.strip().lower() != engine.strip().lower():
+            raise SpeedlimitError(f"--engine {engine} and --scheduler {scheduler} conflict: give the scheduler once")
+        return None, engine.strip().lower(), False
+    return engine, scheduler, True
 
 
 def build_workload(*, concurrency: int | None = None, rate: float | None = None, burstiness: float = 1.0,
@@ -357,7 +388,7 @@ def _simulation_block(raw: RawRun, engine: EngineConfig, workload: Workload, sat
 def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> dict[str, Any]:
     return {
         "model": step.arch.name, "hardware": step.device.name, "weights": step.weights_name, "kv": step.kv_name,
-        "tp": step.tp, "mode": engine.mode, "max_seqs": engine.slots, "max_batched_tokens": engine.max_batched_tokens,
+        "tp": step.tp, "engine": step.engine.key if step.engine is not None else None, "mode": engine.mode, "max_seqs": engine.slots, "max_batched_tokens": engine.max_batched_tokens,
         "chunked_prefill": engine.chunked_prefill, "block_size": engine.block_size,
         "kv_capacity_tokens": engine.kv_capacity_tokens if math.isfinite(engine.kv_capacity_tokens) else None,
         "bw_efficiency": step.efficiency.bw_efficiency, "flops_efficiency": step.efficiency.flops_efficiency,
@@ -393,20 +424,23 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None
              concurrency: int | None = None, rate: float | None = None, burstiness: float = 1.0,
              requests: int | None = None, duration_s: float | None = None, prompt_tokens: Any = 128,
              output_tokens: Any = 64, dataset: Path | str | None = None, seed: int = 0,
-             engine: str = "continuous", max_seqs: int | None = None, max_batched_tokens: int | None = None,
-             chunked_prefill: bool = True, block_size: int = 16, kv_tokens: int | None = None,
-             slo: str | dict[str, float] | None = None) -> Simulation:
+             engine: str | None = None, scheduler: str | None = None, max_seqs: int | None = None,
+             max_batched_tokens: int | None = None, chunked_prefill: bool | None = None, block_size: int = 16,
+             kv_tokens: int | None = None, slo: str | dict[str, float] | None = None) -> Simulation:
     """Predict a serving engine under load, in bench's terms: records and a `RunSummary` (``source="simulate"``).
 
     Model/hardware/precision/TP as `estimate`; load and workload as `speedlimit bench` (closed loop with
     ``concurrency`` or open loop with ``rate``; ``requests`` or ``duration_s``; bench's length distributions or a
-    dataset; ``seed``); the engine's mode and knobs; ``slo`` for goodput ("ttft=500ms,tpot=50ms" or a dict).
+    dataset; ``seed``); the serving ``engine`` (a catalog/engines.toml profile: its step costs and scheduler
+    defaults) and the scheduler's knobs, which override the profile's; ``slo`` for goodput ("ttft=500ms,tpot=50ms").
     """
+    engine, scheduler, use_profile = split_engine(engine, scheduler)
     step = resolve(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal,
                    bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead_s,
-                   sequence_overhead_s=sequence_overhead_s)
-    config = engine_config(engine, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
-                           chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step)
+                   sequence_overhead_s=sequence_overhead_s, engine=engine)
+    config = engine_config(scheduler, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
+                           chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step,
+                           use_profile=use_profile)
     workload = build_workload(concurrency=concurrency, rate=rate, burstiness=burstiness, requests=requests,
                               duration_s=duration_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                               dataset=dataset, seed=seed)
@@ -495,5 +529,5 @@ def replay(records: Sequence[RequestRecord], load: LoadInfo | None, model: Any, 
     options = parse_engine_spec(engine)
     step = resolve(model, hardware, step_overhead_s=options.pop("step_overhead", None),
                    sequence_overhead_s=options.pop("sequence_overhead", None))
-    config = engine_config(options.pop("mode"), step=step, **options)
+    config = engine_config(options.pop("mode"), step=step, use_profile=False, **options)
     return run_workload(step, config, replay_workload(records, load), slo)

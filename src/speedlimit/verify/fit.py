@@ -327,3 +327,280 @@ def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list
         "fit_error_after": fit.error_after["all"],
         "flops": dict(base.flops),
     }
+
+
+# --------------------------------------------------------------------------------------------
+# calibrating a deployment from a bench sweep (issue 13): bw_efficiency, flops_efficiency, per-step and
+# per-sequence cost, fitted on a fixed part of the sweep and scored on the rest
+#
+# Each point is a step the sweep measured, priced by the step model with a flat GEMM rate:
+#   t = max(x / e_bw, y / e_f) + step_s + seq_s · n + all-reduce
+# x = bytes / (tp · peak BW), y = FLOPs / (tp · peak FLOP/s), n = sequences in the step. Decode points come from the
+# inter-token gaps of every completed request, split into the first and the second half of its reply (two
+# contexts per level: the KV term's slope separates e_bw from the fixed cost), at n = the level's concurrency;
+# the prefill point is the mean TTFT of the lowest level (one prompt alone). The fit is a weighted least squares on
+# relative error, each point in the regime (memory or compute) the current fit puts it in, repeated until the
+# regimes settle.
+
+#: The split, fixed before any fit and printed with it: sweep levels in order of load, the 1st, 3rd, 5th... are
+#: fitted (with the prefill point of the lowest level), the 2nd, 4th... are held out and only scored.
+DEPLOYMENT_SPLIT = "levels sorted by load: the 1st, 3rd, 5th, ... (and the lowest level's TTFT) are fitted; the 2nd, 4th, ... are held out"
+#: A fit that misses its own points by more than this (mean |error|) is not saved without --force.
+MAX_OWN_ERROR = 0.25
+
+
+@dataclass(frozen=True)
+class DeploymentPoint:
+    kind: Literal["decode", "prefill"]
+    label: str
+    load: float
+    sequences: float
+    x_s: float  # bytes / (tp · peak bandwidth)
+    y_s: float  # FLOPs / (tp · peak FLOP/s)
+    comm_s: float
+    measured_s: float
+    fold: Literal["fit", "held-out"]
+
+
+@dataclass(frozen=True)
+class DeploymentParams:
+    bw_efficiency: float
+    flops_efficiency: float
+    step_overhead_s: float
+    sequence_overhead_s: float
+
+    def predict(self, point: DeploymentPoint) -> float:
+        return (max(point.x_s / self.bw_efficiency, point.y_s / self.flops_efficiency) + self.step_overhead_s
+                + self.sequence_overhead_s * point.sequences + point.comm_s)
+
+
+@dataclass
+class DeploymentFit:
+    fitted: DeploymentParams
+    prior: DeploymentParams
+    points: list[DeploymentPoint]
+    errors: dict[str, dict[str, float | None]]  # fold -> {"prior": mean |error|, "fitted": ...}
+    split: str = DEPLOYMENT_SPLIT
+    notes: list[str] = field(default_factory=list)
+
+    def refusal(self) -> str | None:
+        """Why this fit must not be saved without --force (None: it may be)."""
+        held, own = self.errors["held-out"], self.errors["fit"]["fitted"]
+        if own is not None and own > MAX_OWN_ERROR:
+            return (f"the fit misses its own points by {own:.0%} on average (more than {MAX_OWN_ERROR:.0%}): the step "
+                    "model does not describe this deployment (check --model, --hardware, --tp, --weights)")
+        if held["prior"] is not None and held["fitted"] is not None and held["fitted"] > held["prior"]:
+            return (f"the fit predicts the held-out levels worse than the prior ({held['fitted']:.0%} vs "
+                    f"{held['prior']:.0%} mean error)")
+        return None
+
+
+@dataclass(frozen=True)
+class SweepLevel:
+    """One measured level of a sweep: its load, clients in flight, and the completed requests' timings."""
+
+    load: float
+    concurrency: float
+    requests: list[tuple[int, int, float, list[float]]]  # (prompt tokens, output tokens, ttft_s, itl gaps)
+
+
+def deployment_points(levels: list[SweepLevel], cost: core.CostModel, tp: int, bandwidth_Bps: float, flops: float,
+                      link_Bps: float = math.nan, max_sequences: float = math.inf) -> list[DeploymentPoint]:
+    """The decode and prefill points of a sweep, each tagged with its fold of `DEPLOYMENT_SPLIT`; a level's decode
+    step runs min(concurrency, ``max_sequences``) sequences (the engine's cap: 1 for a serial server)."""
+    machine = core.Machine(bandwidth_Bps=bandwidth_Bps, flops=flops, step_overhead_s=0.0, memory_bytes=math.nan,
+                           link_Bps=link_Bps, tp=float(tp))
+    ordered = sorted((lv for lv in levels if lv.requests), key=lambda lv: lv.load)
+    points: list[DeploymentPoint] = []
+
+    def point(kind: Literal["decode", "prefill"], label: str, load: float, step: core.StepBatch, n: float,
+              measured: float, fold: Literal["fit", "held-out"]) -> DeploymentPoint:
+        return DeploymentPoint(kind, label, load, n, float(core.step_bytes(cost, step)) / (tp * bandwidth_Bps),
+                               float(core.step_flops(cost, step)) / (tp * flops),
+                               float(core.allreduce_seconds(cost, machine, step.tokens)), measured, fold)
+
+    for index, level in enumerate(ordered):
+        fold: Literal["fit", "held-out"] = "fit" if index % 2 == 0 else "held-out"
+        batch = max(1.0, min(float(level.concurrency), max_sequences))
+        for half, name in ((0, "first"), (1, "second")):
+            gaps, contexts = [], []
+            for prompt, output, _, itl in level.requests:
+                mid = len(itl) // 2
+                part = itl[:mid] if half == 0 else itl[mid:]
+                if not part:
+                    continue
+                start = prompt + 1 + (0 if half == 0 else mid)
+                gaps += part
+                contexts.append(start + (len(part) - 1) / 2)
+            if gaps and contexts:
+                context = sum(contexts) / len(contexts)
+                points.append(point("decode", f"{level.load:g}: decode, {name} half of the reply (context {context:,.0f})",
+                                    level.load, core.decode_batch(cost, batch, context), batch, sum(gaps) / len(gaps), fold))
+    if ordered:
+        lowest = ordered[0]
+        ttfts = [(prompt, ttft) for prompt, _, ttft, _ in lowest.requests if ttft and ttft > 0]
+        if ttfts:
+            prompt = sum(p for p, _ in ttfts) / len(ttfts)
+            points.append(point("prefill", f"{lowest.load:g}: prefill of {prompt:,.0f} tokens (mean TTFT)", lowest.load,
+                                core.prefill_batch(cost, 1.0, prompt), 1.0, sum(t for _, t in ttfts) / len(ttfts), "fit"))
+    return points
+
+
+def _mean_error(points: list[DeploymentPoint], params: DeploymentParams) -> float | None:
+    errors = [abs(params.predict(p) - p.measured_s) / p.measured_s for p in points if p.measured_s > 0]
+    return sum(errors) / len(errors) if errors else None
+
+
+def _solve(points: list[DeploymentPoint], memory: list[bool], prior: DeploymentParams,
+           notes: list[str]) -> DeploymentParams:
+    """Weighted (1/t) least squares for (1/e_bw, 1/e_f, step, seq) with each point in its given regime; a parameter
+    the points cannot determine keeps its prior, and a negative cost is fixed at 0."""
+    import numpy as np
+
+    rows = np.array([[p.x_s if m else 0.0, 0.0 if m else p.y_s, 1.0, p.sequences] for p, m in zip(points, memory)])
+    target = np.array([p.measured_s - p.comm_s for p in points])
+    weight = 1.0 / np.array([p.measured_s for p in points])
+    fixed = {0: 1.0 / prior.bw_efficiency, 1: 1.0 / prior.flops_efficiency, 2: prior.step_overhead_s, 3: prior.sequence_overhead_s}
+    free = [j for j in range(4) if np.any(rows[:, j] != 0)]
+    for j in (0, 1):
+        if j not in free:
+            notes.append(f"no {'memory' if j == 0 else 'compute'}-bound point: "
+                         f"{'bw' if j == 0 else 'flops'}_efficiency kept at the prior")
+    spread = rows[:, 0][rows[:, 0] > 0]
+    if 0 in free and len(spread) and (spread.max() - spread.min()) < 0.05 * spread.max():
+        free.remove(0)
+        notes.append("the fitted decode steps all read about the same bytes (within 5%: one batch, short replies), "
+                     "so time per byte and per-step cost are not separable: bw_efficiency kept at the prior")
+    while True:
+        if not free:
+            raise SpeedlimitError("the sweep determines none of the fitted values: give levels with different loads")
+        known = [j for j in range(4) if j not in free]
+        rhs = target - (rows[:, known] @ np.array([fixed[j] for j in known]) if known else 0.0)
+        design = rows[:, free] * weight[:, None]
+        rank = np.linalg.matrix_rank(design, tol=1e-9 * max(1.0, np.abs(design).max()))
+        if rank < len(free):
+            drop = 3 if 3 in free else 2  # the per-sequence cost first, then the per-step cost
+            notes.append(f"the sweep cannot separate the {'per-sequence' if drop == 3 else 'per-step'} cost from the "
+                         "others (too few loads or contexts): kept at the prior")
+            free.remove(drop)
+            continue
+        solution, *_ = np.linalg.lstsq(design, rhs * weight, rcond=None)
+        values = dict(zip(free, solution))
+        negative = [j for j in (3, 2) if j in values and values[j] < 0]
+        if negative:
+            free.remove(negative[0])
+            fixed[negative[0]] = 0.0
+            notes.append(f"the {'per-sequence' if negative[0] == 3 else 'per-step'} cost came out negative: fixed at 0")
+            continue
+        bad = [j for j in (0, 1) if j in values and values[j] <= 0]
+        if bad:
+            free.remove(bad[0])
+            notes.append(f"the measurements give a non-positive time per {'byte' if bad[0] == 0 else 'FLOP'}: "
+                         f"{'bw' if bad[0] == 0 else 'flops'}_efficiency kept at the prior")
+            continue
+        merged = {**fixed, **values}
+        return DeploymentParams(bw_efficiency=1.0 / merged[0], flops_efficiency=1.0 / merged[1],
+                                step_overhead_s=merged[2], sequence_overhead_s=merged[3])
+
+
+def fit_deployment(points: list[DeploymentPoint], prior: DeploymentParams) -> DeploymentFit:
+    """Fit on the points of the fit fold, score both folds with the prior and the fit (see `DEPLOYMENT_SPLIT`)."""
+    fit_points = [p for p in points if p.fold == "fit" and p.measured_s > 0]
+    if len({p.load for p in fit_points if p.kind == "decode"}) < 2:
+        raise SpeedlimitError("the sweep has too few measured levels to fit: give a sweep of at least 3 load levels "
+                              "with completed requests (e.g. bench --sweep concurrency=1,2,4,8; every other level is "
+                              "held out)")
+    notes: list[str] = []
+    params = prior
+    memory = [p.x_s / prior.bw_efficiency >= p.y_s / prior.flops_efficiency for p in fit_points]
+    for _ in range(20):
+        trial_notes: list[str] = []
+        params = _solve(fit_points, memory, prior, trial_notes)
+        regimes = [p.x_s / params.bw_efficiency >= p.y_s / params.flops_efficiency for p in fit_points]
+        if regimes == memory:
+            break
+        memory = regimes
+    notes += trial_notes
+    for name in ("bw_efficiency", "flops_efficiency"):
+        value = getattr(params, name)
+        if value > 1.0:
+            notes.append(f"{name} came out {value:.2f} (faster than the peak figure): capped at 1.0")
+            params = DeploymentParams(**{**params.__dict__, name: 1.0})
+    held = [p for p in points if p.fold == "held-out" and p.measured_s > 0]
+    if not held:
+        notes.append("no held-out level (the sweep has one level): nothing to score the fit on")
+    errors = {fold: {"prior": _mean_error(chosen, prior), "fitted": _mean_error(chosen, params)}
+              for fold, chosen in (("fit", fit_points), ("held-out", held))}
+    return DeploymentFit(fitted=params, prior=prior, points=points, errors=errors, notes=notes)
+
+
+def sweep_levels(path: Path) -> tuple[list[SweepLevel], dict[str, Any]]:
+    """The levels of a bench (or simulate) run directory: a sweep's ``<parameter>_<value>/`` folders, or one run.
+
+    Each level's completed requests come from its requests.jsonl; the load from its summary.json. Also returns what
+    the summary says about the endpoint (``model`` it served, ``estimate`` hardware) for defaults.
+    """
+    from speedlimit.artifacts import iter_records, load_summary
+
+    if not path.is_dir():
+        raise SpeedlimitError(f"{path} is not a bench run directory")
+    summary_path = path / "summary.json"
+    if not summary_path.is_file():
+        raise SpeedlimitError(f"{path} has no summary.json: give the --out directory of a `speedlimit bench --sweep` run")
+    summary = load_summary(summary_path)
+    info: dict[str, Any] = {}
+    runs: list[tuple[Path, RunSummary]] = []
+    if isinstance(summary, SweepSummary):
+        parameter = summary.sweep.parameter
+        for point in summary.points:
+            folder = path / f"{parameter}_{point.sweep_value:g}"
+            runs.append((folder, point))
+    else:
+        runs.append((path, summary))
+    levels = []
+    for folder, run in runs:
+        info.setdefault("model", (run.endpoint or {}).get("model"))
+        if run.estimate is not None and run.estimate.hardware:
+            info.setdefault("hardware", run.estimate.hardware)
+        records_path = folder / "requests.jsonl"
+        if not records_path.is_file():
+            raise SpeedlimitError(f"{folder} has no requests.jsonl: the calibration needs each request's timings")
+        requests = [(int(r.prompt_tokens), int(r.output_tokens), float(r.ttft_s), [float(g) for g in r.itl_s])
+                    for r in iter_records(records_path)
+                    if r.ok and r.prompt_tokens is not None and r.output_tokens and r.ttft_s is not None and r.itl_s]
+        load = run.sweep_value if run.sweep_value is not None else (
+            run.offered_load.concurrency if run.offered_load and run.offered_load.concurrency else 1.0)
+        concurrency = (run.offered_load.concurrency if run.offered_load and run.offered_load.concurrency
+                       else run.mean_in_flight or 1.0)
+        levels.append(SweepLevel(load=float(load), concurrency=float(concurrency), requests=requests))
+    if not any(level.requests for level in levels):
+        raise SpeedlimitError(f"{path}: no completed request with token counts and inter-token gaps")
+    return levels, info
+
+
+def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str, sources: list[str]) -> dict[str, Any]:
+    """The profile TOML record of a deployment fit (`save_profile` writes it; `--hardware NAME` reads it)."""
+    params = fit.fitted
+    return {
+        "key": name,
+        "name": f"{name} (calibrated on {base.name}, {engine})",
+        "vendor": base.vendor,
+        "kind": base.kind,
+        "memory_bandwidth_Bps": base.memory_bandwidth_Bps,
+        "memory_bytes": base.memory_bytes,
+        "interconnect_Bps": base.interconnect_Bps,
+        "bw_efficiency": round(params.bw_efficiency, 4),
+        "flops_efficiency": round(params.flops_efficiency, 4),
+        "step_overhead_s": round(params.step_overhead_s, 7),
+        "sequence_overhead_s": round(params.sequence_overhead_s, 9),
+        "base_hardware": base.key,
+        "engine": engine,
+        "source": base.source or "speedlimit calibrate",
+        "calibrated_from": sources,
+        "calibrated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "fit_split": fit.split,
+        "fit_error_fit_fold": fit.errors["fit"]["fitted"],
+        "fit_error_held_out": fit.errors["held-out"]["fitted"],
+        "prior_error_held_out": fit.errors["held-out"]["prior"],
+        "flops": dict(base.flops),
+    }

@@ -9,7 +9,7 @@ Endpoints (OpenAPI docs at ``/docs``):
 - ``POST /api/simulate``: same body plus the load (``load``, ``values``, ``requests``, ``seed``), the engine
   (``engine``, ``max_seqs``, ``max_batched_tokens``, ``chunked_prefill``) and ``slo`` -> the serving view: a
   simulated load sweep, bounded to about a second of work (`speedlimit.web.serving`).
-- ``GET /api/models``, ``GET /api/hardware``: the catalogs.
+- ``GET /api/models``, ``GET /api/hardware``, ``GET /api/engines``: the catalogs.
 - ``GET /`` the page, ``/static/*`` its assets, ``/vendor/plotly.min.js`` the chart library served
   from the installed ``plotly`` wheel, ``/docs`` Swagger UI from the files inside the installed ``fastapi-offline`` wheel
   (nothing comes from a CDN; the docs work offline).
@@ -34,7 +34,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import Field, ValidationError
 
 from speedlimit.architecture import Architecture, architecture_from_hf_config
-from speedlimit.catalog import hardware_entries, model_entries, resolve_model
+from speedlimit.catalog import DEFAULT_ENGINE, catalog_engine, engine_names, hardware_entries, model_entries, resolve_model
 from speedlimit.artifacts import finite_json
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator.api import estimate_scenario
@@ -54,6 +54,7 @@ class EstimateRequest(Scenario):
     model: str | None = Field(None, description="Catalog name or alias, or a size like 7B. Optional when `config` is given (then it names it).")
     hardware: str | None = Field(None, description="Catalog hardware name or calibrated profile name (or give `bandwidth`).")
     config: dict[str, Any] | None = Field(None, description="A pasted Hugging Face config.json (object) instead of a catalog model.")
+    engine: str | None = Field(None, description=Scenario.model_fields["engine"].description)
 
     def scenario(self, model: Architecture | str) -> Scenario:
         """The request as a `Scenario` of ``model`` (the pasted config or the catalog name)."""
@@ -173,6 +174,14 @@ def create_app() -> FastAPI:
             }
             for key, entry in hardware_entries().items()
         ]
+
+    @app.get("/api/engines", summary="Serving-engine profiles (catalog/engines.toml)")
+    def engines() -> list[dict[str, Any]]:
+        return [{"name": key, "label": profile.name, "version": profile.version, "devices": profile.devices,
+                 "default": key == DEFAULT_ENGINE,
+                 "values": {field: {"value": sourced.value, "source": sourced.source, "fitted": sourced.fitted}
+                            for field, sourced in profile.sourced_values().items()}}
+                for key, profile in ((key, catalog_engine(key)) for key in engine_names())]
 
     @app.post("/api/estimate", summary="Estimate one configuration (what `speedlimit estimate --json` prints)")
     def estimate_endpoint(request: EstimateRequest) -> dict[str, Any]:

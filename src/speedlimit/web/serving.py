@@ -20,13 +20,13 @@ import shlex
 import time
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from speedlimit.bench.metrics import parse_slo
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator.api import resolve
 from speedlimit.simulator.api import (SLO_ATTAINMENT, Workload, build_workload, engine_config, saturation_point,
-                                      sweep)
+                                      split_engine, sweep)
 from speedlimit.simulator.engine import EngineConfig
 from speedlimit.web.app import EstimateRequest  # the estimate's body: the Scenario fields and a pasted config
 
@@ -60,14 +60,27 @@ class SimulateRequest(EstimateRequest):
     requests: int | None = Field(None, ge=1, description="Requests per level (default: what fits the call's "
                                                          f"budget, at most {MAX_REQUESTS_PER_LEVEL}).")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed for arrival times (bench's draws).")
-    engine: Literal["continuous", "serial"] = Field(
-        "continuous", description="continuous (batching, vLLM/llama-server) or serial (one request at a time).")
-    max_seqs: int | None = Field(None, ge=1, le=100_000, description="Running-sequence cap (default 256).")
+    scheduler: Literal["continuous", "serial"] | None = Field(
+        None, description="continuous (batching, vLLM/llama-server) or serial (one request at a time); default: the "
+                          "engine profile's (``engine``), with its defaults for the knobs below.")
+    max_seqs: int | None = Field(None, ge=1, le=100_000, description="Running-sequence cap (default: the engine "
+                                                                     "profile's).")
     max_batched_tokens: int | None = Field(None, ge=1, le=10_000_000,
-                                           description="Token budget per step (default 8192; serial 512).")
-    chunked_prefill: bool = Field(True, description="Split prompts over steps within the token budget.")
+                                           description="Token budget per step (default: the engine profile's).")
+    chunked_prefill: bool | None = Field(None, description="Split prompts over steps within the token budget "
+                                                           "(default: the engine profile's).")
     slo: str | None = Field(None, max_length=200, description="Goodput SLO as on the command line, e.g. "
                                                               "ttft=1s,tpot=50ms (keys ttft itl tpot e2e).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scheduler_spelled_as_engine(cls, data: Any) -> Any:
+        """``engine: continuous|serial`` (the spelling from before engine profiles) names the scheduler."""
+        if isinstance(data, dict) and isinstance(data.get("engine"), str):
+            engine, scheduler, _ = split_engine(data["engine"], data.get("scheduler"))
+            if scheduler is not None and engine is None:
+                data = {**data, "engine": None, "scheduler": scheduler}
+        return data
 
     @field_validator("values")
     @classmethod
@@ -169,14 +182,16 @@ def _command_line(body: Any, scenario: Any, parameter: str, values: list[float],
              "--sweep", f"{parameter}=" + ",".join(f"{v:g}" for v in values), "--requests", str(requests)]
     if body.seed:
         argv += ["--seed", str(body.seed)]
-    if body.engine != "continuous":
-        argv += ["--engine", body.engine]
+    if body.engine:
+        argv += ["--engine", str(body.engine)]
+    if body.scheduler:
+        argv += ["--scheduler", body.scheduler]
     if body.max_seqs is not None:
         argv += ["--max-seqs", str(body.max_seqs)]
     if body.max_batched_tokens is not None:
         argv += ["--max-batched-tokens", str(body.max_batched_tokens)]
-    if not body.chunked_prefill:
-        argv.append("--no-chunked-prefill")
+    if body.chunked_prefill is not None:
+        argv.append("--chunked-prefill" if body.chunked_prefill else "--no-chunked-prefill")
     if body.slo:
         argv += ["--slo", body.slo]
     return shlex.join(argv)
@@ -193,7 +208,7 @@ def simulate_view(body: Any, scenario: Any) -> dict[str, Any]:
         raise SpeedlimitError("prompt must be at least 1 token for the serving simulation")
     slo = parse_slo(body.slo)
     step = resolve(scenario)
-    engine = engine_config(body.engine, max_seqs=body.max_seqs, max_batched_tokens=body.max_batched_tokens,
+    engine = engine_config(body.scheduler, max_seqs=body.max_seqs, max_batched_tokens=body.max_batched_tokens,
                            chunked_prefill=body.chunked_prefill, step=step)
     parameter = body.load
     prompt, output = int(scenario.prompt), int(scenario.output)

@@ -119,7 +119,7 @@ function stateFromUrl() {
 }
 
 // The serving view's controls, kept in the URL beside the estimate's (only what differs from the defaults).
-const SIM_DEFAULTS = { sim_load: "concurrency", sim_values: "", sim_engine: "continuous", sim_max_seqs: "", slo_ttft: "", slo_tpot: "" };
+const SIM_DEFAULTS = { sim_load: "concurrency", sim_values: "", sim_engine: "", sim_max_seqs: "", slo_ttft: "", slo_tpot: "" };
 const SIM_IDS = { sim_load: "sim-load", sim_values: "sim-values", sim_engine: "sim-engine", sim_max_seqs: "sim-max-seqs", slo_ttft: "sim-slo-ttft", slo_tpot: "sim-slo-tpot" };
 
 function readSimState() {
@@ -384,7 +384,7 @@ function simRequestBody() {
     if (bad !== undefined) throw new Error(`levels: "${bad}" is not a number (give numbers separated by commas)`);
     body.values = numbers;
   }
-  body.engine = sim.sim_engine;
+  if (sim.sim_engine) body.scheduler = sim.sim_engine;
   if (sim.sim_max_seqs) body.max_seqs = Number(sim.sim_max_seqs);
   const slo = [];
   if (sim.slo_ttft) slo.push(`ttft=${sim.slo_ttft}ms`);

@@ -1,0 +1,164 @@
+"""Serving-engine profiles: what an engine (llama.cpp, vLLM, SGLang, TensorRT-LLM, ...) changes in a step's cost, and
+the scheduler it runs by default.
+
+`EngineProfile` is the validated record of one ``catalog/engines.toml`` table; every value in it is a `Sourced`
+(the value and its public source, or the fold it was fitted on). A value the profile leaves out is None: the
+device kind's default (``catalog/efficiency.toml``) applies. Pure: no I/O (the catalog loads the file).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+GIB = 2**30
+
+
+class Sourced(BaseModel):
+    """One profile value with where it comes from: a public ``source`` or the ``fitted`` fold (exactly one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    value: Any
+    source: str | None = Field(None, min_length=8)
+    fitted: str | None = Field(None, min_length=1)
+    # device-dependent scheduler defaults (vLLM, SGLang): `large_memory_value` on devices with >= large_memory_gib
+    large_memory_value: Any = None
+    large_memory_gib: float | None = Field(None, gt=0)
+    # SGLang: at most this fraction of the KV cache's capacity in tokens
+    kv_tokens_fraction: float | None = Field(None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_basis(self) -> Sourced:
+        if (self.source is None) == (self.fitted is None):
+            raise ValueError("give exactly one of source = \"<public page and what it says>\" or fitted = \"<fold>\"")
+        if (self.large_memory_value is None) != (self.large_memory_gib is None):
+            raise ValueError("large_memory_value and large_memory_gib go together")
+        return self
+
+    def at(self, memory_bytes: float | None = None, kv_tokens: float | None = None) -> Any:
+        """The value on a device with ``memory_bytes`` (None: unknown → the base value), capped by the KV rule."""
+        value = self.value
+        if self.large_memory_gib is not None and memory_bytes is not None and math.isfinite(memory_bytes) \
+                and memory_bytes >= self.large_memory_gib * GIB:
+            value = self.large_memory_value
+        if self.kv_tokens_fraction is not None and kv_tokens is not None and math.isfinite(kv_tokens):
+            value = max(1, min(value, int(kv_tokens * self.kv_tokens_fraction)))
+        return value
+
+
+def _value(field: Sourced | None) -> Any:
+    return None if field is None else field.value
+
+
+class EngineProfile(BaseModel):
+    """One serving engine as the estimator and the simulator see it (see ``catalog/engines.toml`` for each field)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    name: str
+    version: str = Field(min_length=4)
+    homepage: str = ""
+    aliases: list[str] = Field(default_factory=list)
+    devices: list[Literal["cpu", "apple", "gpu", "custom"]]
+    inherits: str | None = None
+    # scheduler
+    mode: Sourced
+    max_seqs: Sourced
+    max_batched_tokens: Sourced
+    chunked_prefill: Sourced
+    prefix_caching: Sourced
+    kv: Sourced
+    # step costs (None: the device kind's default)
+    cuda_graphs: Sourced | None = None
+    kernel_fraction: Sourced | None = None
+    kernel_overhead_s: Sourced | None = None
+    step_overhead_s: Sourced | None = None
+    sequence_overhead_s: Sourced | None = None
+    attention_efficiency: Sourced | None = None
+    gemm_efficiency: Sourced | None = None
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, field: Sourced) -> Sourced:
+        if field.value not in ("continuous", "serial"):
+            raise ValueError(f"mode must be continuous or serial, got {field.value!r}")
+        return field
+
+    @field_validator("max_seqs", "max_batched_tokens")
+    @classmethod
+    def _count(cls, field: Sourced) -> Sourced:
+        for value in (field.value, field.large_memory_value):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"must be a whole number >= 1, got {value!r}")
+        return field
+
+    @field_validator("chunked_prefill", "prefix_caching", "cuda_graphs")
+    @classmethod
+    def _flag(cls, field: Sourced | None) -> Sourced | None:
+        if field is not None and not isinstance(field.value, bool):
+            raise ValueError(f"must be true or false, got {field.value!r}")
+        return field
+
+    @field_validator("kernel_fraction", "attention_efficiency")
+    @classmethod
+    def _fraction(cls, field: Sourced | None) -> Sourced | None:
+        if field is not None and (isinstance(field.value, bool) or not isinstance(field.value, (int, float))
+                                  or not 0 < field.value <= 1):
+            raise ValueError(f"must be a fraction in (0, 1], got {field.value!r}")
+        return field
+
+    @field_validator("kernel_overhead_s", "step_overhead_s", "sequence_overhead_s")
+    @classmethod
+    def _seconds(cls, field: Sourced | None) -> Sourced | None:
+        if field is not None and (isinstance(field.value, bool) or not isinstance(field.value, (int, float))
+                                  or not 0 <= field.value <= 0.1):
+            raise ValueError(f"must be seconds in [0, 0.1], got {field.value!r}")
+        return field
+
+    @field_validator("gemm_efficiency")
+    @classmethod
+    def _curve(cls, field: Sourced | None) -> Sourced | None:
+        if field is None:
+            return field
+        points = field.value
+        if not isinstance(points, list) or not points or any(
+                not isinstance(p, list) or len(p) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+                for p in points):
+            raise ValueError("must be a list of [tokens, fraction] points")
+        if len(points) > 2:
+            raise ValueError("at most two [tokens, fraction] anchors: the step model interpolates between two")
+        tokens = [p[0] for p in points]
+        if tokens != sorted(tokens) or len(set(tokens)) != len(tokens) or tokens[0] < 1:
+            raise ValueError("points must have increasing token counts >= 1")
+        if not all(0 < p[1] <= 1 for p in points):
+            raise ValueError("fractions must be in (0, 1]")
+        return field
+
+    # ---- what the estimator and simulator read
+
+    @property
+    def gemm_points(self) -> tuple[tuple[float, float], ...]:
+        points = _value(self.gemm_efficiency) or []
+        return tuple((float(t), float(e)) for t, e in points)
+
+    def sourced_values(self) -> dict[str, Sourced]:
+        """Every value the profile gives (name → `Sourced`)."""
+        return {name: getattr(self, name) for name in type(self).model_fields
+                if isinstance(getattr(self, name), Sourced)}
+
+
+def gemm_efficiency_at(points: tuple[tuple[float, float], ...], tokens: float) -> float:
+    """The curve's fraction at ``tokens``: linear in log2(tokens) between points, flat beyond the ends."""
+    if not points:
+        return math.nan
+    if tokens <= points[0][0]:
+        return points[0][1]
+    for (t0, e0), (t1, e1) in zip(points, points[1:]):
+        if tokens <= t1:
+            w = (math.log2(tokens) - math.log2(t0)) / (math.log2(t1) - math.log2(t0))
+            return e0 + w * (e1 - e0)
+    return points[-1][1]

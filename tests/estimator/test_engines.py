@@ -1,0 +1,279 @@
+"""Engine profiles (catalog/engines.toml): the loader, every value's source, and what an engine does to a step's cost."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from speedlimit.catalog import (
+    DEFAULT_ENGINE,
+    catalog_engine,
+    engine_entries,
+    engine_for_device,
+    engine_names,
+    resolve_engine,
+    resolve_hardware,
+)
+from speedlimit.cli import app
+from speedlimit.engine_profile import EngineProfile, Sourced, gemm_efficiency_at
+from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator import core
+from speedlimit.estimator.api import estimate, step_model
+
+ISSUE_ENGINES = ("llama-cpp", "llama-cpp-cpu", "llama-cpp-cuda", "llama-cpp-metal", "llama-cpp-vulkan", "llama-cpp-rocm",
+                 "llama-cpp-python", "vllm", "sglang", "tensorrt-llm")
+runner = CliRunner()
+
+
+def test_catalog_holds_the_issue_engines() -> None:
+    assert set(ISSUE_ENGINES) <= set(engine_names())
+    assert DEFAULT_ENGINE == "llama-cpp"
+
+
+@pytest.mark.parametrize("key", sorted(engine_entries()))
+def test_every_value_names_its_source_or_fold(key: str) -> None:
+    profile = catalog_engine(key)
+    assert profile.version and len(profile.version) >= 4  # names the engine version it describes
+    values = profile.sourced_values()
+    for field in ("mode", "max_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "kv"):
+        assert field in values, f"{key} has no {field}"
+    for field, sourced in values.items():
+        assert (sourced.source is None) != (sourced.fitted is None), f"{key}.{field}"
+        if sourced.source is not None:
+            assert "http" in sourced.source or "benchmarks/" in sourced.source or "llama" in sourced.source, \
+                f"{key}.{field}: {sourced.source!r} names no public page"
+        else:
+            assert sourced.fitted in ("A",), f"{key}.{field} fitted on {sourced.fitted!r}: only fold A may be fitted on"
+
+
+def test_raw_file_gives_every_value_as_a_sourced_table() -> None:
+    import tomllib
+    from importlib import resources
+
+    raw = tomllib.loads(resources.files("speedlimit.catalog").joinpath("engines.toml").read_text(encoding="utf-8"))
+    metadata = {"name", "aliases", "version", "homepage", "devices", "inherits"}
+    for key, entry in raw.items():
+        for field, value in entry.items():
+            if field not in metadata:
+                assert isinstance(value, dict) and ("source" in value or "fitted" in value), f"{key}.{field}"
+
+
+def test_a_value_without_a_source_is_rejected() -> None:
+    with pytest.raises(ValueError, match="source"):
+        Sourced(value=1)
+    with pytest.raises(ValueError, match="exactly one"):
+        Sourced(value=1, source="https://example.org/x", fitted="A")
+
+
+def test_names_and_aliases_resolve() -> None:
+    assert resolve_engine(None).key == "llama-cpp"
+    assert resolve_engine("llama.cpp").key == "llama-cpp"
+    assert resolve_engine("llama.cpp-vulkan").key == "llama-cpp-vulkan"
+    assert resolve_engine("vLLM").key == "vllm"
+    assert resolve_engine("trt-llm").key == "tensorrt-llm"
+
+
+def test_unknown_engine_is_one_line_listing_the_known_ones() -> None:
+    with pytest.raises(SpeedlimitError) as caught:
+        resolve_engine("vllmm")
+    message = str(caught.value)
+    assert "\n" not in message and "did you mean" in message
+    for key in ISSUE_ENGINES:
+        assert key in message
+
+
+def test_default_engine_picks_the_backend_from_the_device() -> None:
+    default = resolve_engine(None)
+    assert engine_for_device(default, resolve_hardware("h100-sxm")).key == "llama-cpp-cuda"
+    assert engine_for_device(default, resolve_hardware("mi300x")).key == "llama-cpp-rocm"
+    apple = next(k for k in ("m2-ultra", "m1-max", "m3-max") if _exists(k))
+    assert engine_for_device(default, resolve_hardware(apple)).key == "llama-cpp-metal"
+    assert engine_for_device(resolve_engine("vllm"), resolve_hardware("h100-sxm")).key == "vllm"
+
+
+def _exists(name: str) -> bool:
+    try:
+        resolve_hardware(name)
+        return True
+    except SpeedlimitError:
+        return False
+
+
+def test_vllm_scheduler_defaults_depend_on_device_memory() -> None:
+    vllm = catalog_engine("vllm")
+    assert vllm.max_seqs.at(80e9) == 1024 and vllm.max_batched_tokens.at(80e9) == 8192
+    assert vllm.max_seqs.at(24e9) == 256 and vllm.max_batched_tokens.at(24e9) == 2048
+    sglang = catalog_engine("sglang")
+    assert sglang.max_seqs.at(80e9, kv_tokens=1000) == 500
+
+
+def test_gemm_curve_interpolates_in_log_tokens() -> None:
+    points = ((1024.0, 0.5), (4096.0, 0.7))
+    assert gemm_efficiency_at(points, 1) == 0.5
+    assert gemm_efficiency_at(points, 2048) == pytest.approx(0.6)
+    assert gemm_efficiency_at(points, 1e6) == 0.7
+    machine = core.Machine(1e12, 1e15, 0.0, math.nan, math.nan, gemm_tokens_small=1024, gemm_factor_small=0.5 / 0.7,
+                           gemm_tokens_large=4096, gemm_factor_large=1.0)
+    assert core.gemm_factor(machine, 2048.0) == pytest.approx(0.6 / 0.7)
+    import numpy as np
+
+    vector = core.gemm_factor(machine._replace(gemm_tokens_small=np.array([1024.0])), np.array([1.0, 2048.0, 1e6]))
+    assert vector == pytest.approx([0.5 / 0.7, 0.6 / 0.7, 1.0])
+
+
+def test_default_engine_prices_exactly_as_without_profiles() -> None:
+    """The default engine adds nothing: llama.cpp's per-kernel cost and the device kind's fractions."""
+    implicit = estimate("llama-3.1-8b", "h100-sxm", batch=8, prompt=512, output=128)
+    explicit = estimate("llama-3.1-8b", "h100-sxm", batch=8, prompt=512, output=128, engine="llama.cpp-cuda")
+    assert implicit.itl_s == explicit.itl_s and implicit.ttft_s == explicit.ttft_s
+    assert implicit.engine == "llama-cpp-cuda" and implicit.kv == "fp16"
+    assert implicit.step_overhead_s == pytest.approx(3e-6 * implicit.kernels_per_step)
+
+
+def test_cuda_graph_engines_drop_the_per_kernel_launch_cost() -> None:
+    llama = estimate("llama-3.1-70b", "h100-sxm", tp=4, batch=1, prompt=512, output=128)
+    vllm = estimate("llama-3.1-70b", "h100-sxm", tp=4, batch=1, prompt=512, output=128, engine="vllm")
+    assert llama.step_overhead_s > 1e-3  # the issue's 5.3 ms of kernel launches per step
+    assert vllm.step_overhead_s == 0.0
+    assert vllm.kernels_per_step == pytest.approx(0.45 * llama.kernels_per_step)
+    assert vllm.itl_s < llama.itl_s
+    assert vllm.engine == "vllm" and vllm.kv == "bf16"
+
+
+def test_per_sequence_cost_grows_the_step_with_the_batch() -> None:
+    one = step_model("llama-3.1-8b", "h100-sxm", engine="vllm")
+    assert one.machine.sequence_overhead_s == pytest.approx(12.7e-6)
+    cost, machine = one.cost, one.machine
+    without = machine._replace(sequence_overhead_s=0.0)
+    for batch in (1.0, 64.0):
+        gap = core.decode_step_seconds(cost, machine, batch, 1024.0) - core.decode_step_seconds(cost, without, batch, 1024.0)
+        assert gap == pytest.approx(12.7e-6 * batch)
+
+
+def test_engine_gemm_efficiency_prices_prefill() -> None:
+    """vLLM's GEMMs are priced at the cuBLAS figures (0.75-0.77 of peak), the llama.cpp default at the kind's 0.60."""
+    llama = step_model("llama-3.1-8b", "h100-sxm")
+    vllm = step_model("llama-3.1-8b", "h100-sxm", engine="vllm")
+    assert llama.machine.gemm_factor_small == llama.machine.gemm_factor_large == 1.0
+    assert vllm.efficiency.flops_efficiency == pytest.approx(0.766)
+    assert core.gemm_factor(vllm.machine, 4096.0) == pytest.approx(0.751 / 0.766)
+    assert vllm.machine.attention_factor == pytest.approx(0.62 / 0.766)
+    long_prompt = core.prefill_batch(llama.cost, 1.0, 8192.0)
+    assert core.step_seconds(vllm.cost, vllm.machine, long_prompt) < core.step_seconds(llama.cost, llama.machine, long_prompt)
+    # an explicit --flops-efficiency is a flat rate: the engine's curve and attention rate step aside
+    flat = step_model("llama-3.1-8b", "h100-sxm", engine="vllm", flops_efficiency=0.5)
+    assert flat.machine.gemm_factor_small == flat.machine.gemm_factor_large == flat.machine.attention_factor == 1.0
+
+
+def test_critical_batch_with_a_token_dependent_gemm_rate_is_the_first_compute_bound_batch() -> None:
+    step = step_model("llama-3.1-8b", "h100-sxm", engine="vllm")
+    machine = step.machine._replace(gemm_tokens_small=16.0, gemm_factor_small=0.3, gemm_tokens_large=1024.0)
+    found = float(core.critical_batch(step.cost, machine, 64.0))
+    assert math.isfinite(found)
+
+    def bound(batch: float) -> bool:
+        work = core.decode_batch(step.cost, batch, 64.0)
+        memory_s, compute_s = core.roofline_seconds(core.step_bytes(step.cost, work), core.priced_flops(step.cost, machine, work), machine)
+        return compute_s >= memory_s
+
+    assert bound(found) and not bound(found - 1)
+
+
+def test_engine_must_run_on_the_device() -> None:
+    with pytest.raises(SpeedlimitError, match="runs on gpu"):
+        estimate("llama-3.1-8b", "m2-ultra" if _exists("m2-ultra") else "m1-max", engine="vllm")
+
+
+@pytest.mark.parametrize("command", [
+    ["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--engine", "vllm", "--json"],
+    ["sweep", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--engine", "sglang", "--batch", "1,8"],
+    ["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--engine", "tensorrt-llm", "--requests", "8",
+     "--concurrency", "4", "--json"],
+])
+def test_cli_accepts_engine(command: list[str]) -> None:
+    result = runner.invoke(app, command)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("command", [
+    ["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--engine", "warp"],
+    ["sweep", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--engine", "warp"],
+    ["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--engine", "warp", "--requests", "2"],
+])
+def test_cli_unknown_engine_is_one_line_and_exit_2(command: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "speedlimit.cli", *command], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "unknown --engine" in lines[0] and "vllm" in lines[0]
+
+
+def test_estimate_json_names_the_engine() -> None:
+    result = runner.invoke(app, ["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--engine", "vllm", "--json"])
+    data = json.loads(result.output)
+    assert data["engine"] == "vllm" and data["step_overhead_s"] == 0.0 and data["sequence_overhead_s"] > 0
+
+
+def test_simulate_takes_the_scheduler_from_the_profile() -> None:
+    from speedlimit.simulator.api import simulate
+
+    vllm = simulate("llama-3.1-8b", "h100-sxm", engine="vllm", concurrency=2, requests=4).summary.engine
+    assert (vllm["engine"], vllm["max_seqs"], vllm["max_batched_tokens"], vllm["chunked_prefill"]) == ("vllm", 1024, 8192, True)
+    trt = simulate("llama-3.1-8b", "h100-sxm", engine="tensorrt-llm", concurrency=2, requests=4).summary.engine
+    assert (trt["max_seqs"], trt["max_batched_tokens"], trt["chunked_prefill"]) == (2048, 8192, False)
+    lcp = simulate("llama-3.1-8b", "h100-sxm", engine="llama-cpp-python", concurrency=2, requests=4).summary.engine
+    assert (lcp["mode"], lcp["max_seqs"], lcp["max_batched_tokens"]) == ("serial", 1, 512)
+    default = simulate("llama-3.1-8b", "h100-sxm", concurrency=2, requests=4).summary.engine
+    assert (default["engine"], default["max_seqs"], default["max_batched_tokens"]) == ("llama-cpp-cuda", 4, 2048)
+    # explicit knobs override the profile
+    override = simulate("llama-3.1-8b", "h100-sxm", engine="vllm", max_seqs=8, chunked_prefill=False,
+                        concurrency=2, requests=4).summary.engine
+    assert (override["max_seqs"], override["max_batched_tokens"], override["chunked_prefill"]) == (8, 8192, False)
+    # the spelling from before profiles: a generic scheduler
+    legacy = simulate("llama-3.1-8b", "h100-sxm", engine="continuous", concurrency=2, requests=4).summary.engine
+    assert (legacy["max_seqs"], legacy["max_batched_tokens"]) == (256, 8192)
+
+
+def test_simulate_engine_changes_tpot_in_the_expected_direction() -> None:
+    from speedlimit.simulator.api import simulate
+
+    common = dict(concurrency=1, requests=4, prompt_tokens=128, output_tokens=32)
+    llama = simulate("llama-3.1-70b", "h100-sxm", tp=4, max_seqs=1, **common).summary
+    vllm = simulate("llama-3.1-70b", "h100-sxm", tp=4, engine="vllm", max_seqs=1, **common).summary
+    assert vllm.tpot_s.mean < llama.tpot_s.mean
+
+
+def test_web_api_accepts_engine() -> None:
+    fastapi = pytest.importorskip("fastapi")  # noqa: F841
+    from fastapi.testclient import TestClient
+
+    from speedlimit.web.app import create_app
+
+    client = TestClient(create_app())
+    body = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "engine": "vllm"}
+    response = client.post("/api/estimate", json=body)
+    assert response.status_code == 200 and response.json()["engine"] == "vllm"
+    assert client.post("/api/curve", json=body).status_code == 200
+    bad = client.post("/api/estimate", json={**body, "engine": "warp"})
+    assert bad.status_code == 422 and "unknown" in bad.json()["detail"] and "vllm" in bad.json()["detail"]
+    engines = client.get("/api/engines").json()
+    assert {e["name"] for e in engines} >= set(ISSUE_ENGINES)
+    assert all(v["source"] or v["fitted"] for e in engines for v in e["values"].values())
+
+
+def test_profile_validation_rejects_bad_values() -> None:
+    base = dict(catalog_engine("vllm").model_dump())
+    base["max_seqs"] = {"value": 0, "source": "https://example.org/x"}
+    with pytest.raises(ValueError, match="whole number"):
+        EngineProfile.model_validate(base)
+
+
+def test_gemm_curve_has_at_most_two_anchors() -> None:
+    base = dict(catalog_engine("vllm").model_dump())
+    base["gemm_efficiency"] = {"value": [[1, 0.1], [2, 0.2], [3, 0.3]], "source": "https://example.org/x"}
+    with pytest.raises(ValueError, match="two"):
+        EngineProfile.model_validate(base)

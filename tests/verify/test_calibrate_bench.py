@@ -1,0 +1,211 @@
+"""`speedlimit calibrate RUN_DIR`: a deployment's profile fitted on a fixed half of a bench sweep, scored on the rest.
+
+The sweeps here are synthetic bench directories (summary.json + per-level requests.jsonl, bench's layout) whose every
+time comes from the step model on a known machine: the fit must recover that machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from speedlimit.artifacts import LoadInfo, RequestRecord, SweepInfo, SweepSummary, write_records
+from speedlimit.bench.metrics import summarize
+from speedlimit.catalog import resolve_hardware
+from speedlimit.cli import app
+from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator import core
+from speedlimit.estimator.api import estimate, step_model
+from speedlimit.verify.fit import (
+    DEPLOYMENT_SPLIT,
+    DeploymentParams,
+    deployment_points,
+    fit_deployment,
+    sweep_levels,
+)
+
+MODEL, HARDWARE = "llama-3.1-8b", "h100-sxm"
+TRUTH = DeploymentParams(bw_efficiency=0.71, flops_efficiency=0.43, step_overhead_s=1.7e-3, sequence_overhead_s=35e-6)
+runner = CliRunner()
+
+
+def truth_machine(truth: DeploymentParams = TRUTH) -> tuple[core.CostModel, core.Machine]:
+    device = resolve_hardware(HARDWARE)
+    cost = step_model(MODEL, HARDWARE).cost
+    machine = core.Machine(bandwidth_Bps=device.memory_bandwidth_Bps * truth.bw_efficiency,
+                           flops=device.peak_flops("bf16") * truth.flops_efficiency,
+                           step_overhead_s=truth.step_overhead_s, memory_bytes=math.nan, link_Bps=math.nan, tp=1.0,
+                           sequence_overhead_s=truth.sequence_overhead_s)
+    return cost, machine
+
+
+def write_sweep(out: Path, levels=(1, 2, 4, 8, 16, 32, 64, 128), prompt: int = 1024, output: int = 64,
+                requests: int = 4, truth: DeploymentParams = TRUTH, noise: float = 0.0, distort=None,
+                truth_at=None) -> Path:
+    """A bench --sweep concurrency=... directory whose times come from the step model on ``truth``
+    (``truth_at(level)``: a machine per level)."""
+    points = []
+    for level in levels:
+        cost, machine = truth_machine(truth_at(level) if truth_at else truth)
+        ttft = float(core.step_seconds(cost, machine, core.prefill_batch(cost, 1.0, float(prompt))))
+        gaps = [float(core.decode_step_seconds(cost, machine, float(level), float(prompt + 1 + i))) for i in range(output - 1)]
+        records = []
+        for index in range(requests):
+            wobble = (1.0 + (noise if (index + level) % 2 else -noise)) * (distort(level) if distort else 1.0)
+            itl = [g * wobble for g in gaps]
+            e2e = ttft + sum(itl)
+            records.append(RequestRecord(index=index, start_ns=0, end_ns=int(e2e * 1e9), ttft_s=ttft, itl_s=itl, e2e_s=e2e,
+                                         prompt_tokens=prompt, output_tokens=output, output_chunks=output,
+                                         token_count_source="usage", prompt_token_source="usage", finish_reason="length"))
+        folder = out / f"concurrency_{level:g}"
+        folder.mkdir(parents=True)
+        write_records(folder / "requests.jsonl", records)
+        summary = summarize(records, max(r.e2e_s for r in records), {}, source="bench",
+                            offered_load=LoadInfo(concurrency=level, requests=requests),
+                            endpoint={"url": "http://synthetic/v1", "model": MODEL})
+        summary.sweep_value = float(level)
+        summary.save(folder / "summary.json")
+        points.append(summary)
+    sweep = SweepSummary(sweep=SweepInfo(parameter="concurrency", values=[float(v) for v in levels]), points=points,
+                         endpoint={"url": "http://synthetic/v1", "model": MODEL})
+    sweep.save(out / "summary.json")
+    return out
+
+
+def _prior(engine: str | None = None) -> DeploymentParams:
+    step = step_model(MODEL, HARDWARE, engine=engine)
+    return DeploymentParams(step.efficiency.bw_efficiency, step.efficiency.flops_efficiency,
+                            float(step.machine.step_overhead_s), float(step.machine.sequence_overhead_s))
+
+
+def _points(path: Path):
+    levels, _ = sweep_levels(path)
+    device = resolve_hardware(HARDWARE)
+    return deployment_points(levels, step_model(MODEL, HARDWARE).cost, 1, device.memory_bandwidth_Bps, device.peak_flops("bf16"))
+
+
+def test_fit_recovers_the_known_machine(tmp_path: Path) -> None:
+    fit = fit_deployment(_points(write_sweep(tmp_path / "run")), _prior())
+    assert fit.fitted.bw_efficiency == pytest.approx(TRUTH.bw_efficiency, rel=1e-6)
+    assert fit.fitted.flops_efficiency == pytest.approx(TRUTH.flops_efficiency, rel=1e-6)
+    assert fit.fitted.step_overhead_s == pytest.approx(TRUTH.step_overhead_s, rel=1e-6)
+    assert fit.fitted.sequence_overhead_s == pytest.approx(TRUTH.sequence_overhead_s, rel=1e-5)
+    assert fit.errors["fit"]["fitted"] == pytest.approx(0.0, abs=1e-9)
+    assert fit.errors["held-out"]["fitted"] == pytest.approx(0.0, abs=1e-9)
+    assert fit.errors["held-out"]["prior"] > 0.05
+    assert fit.refusal() is None
+
+
+def test_split_is_fixed_every_other_level(tmp_path: Path) -> None:
+    points = _points(write_sweep(tmp_path / "run", levels=(1, 2, 4, 8)))
+    folds = {p.load: p.fold for p in points if p.kind == "decode"}
+    assert folds == {1.0: "fit", 2.0: "held-out", 4.0: "fit", 8.0: "held-out"}
+    assert [p.fold for p in points if p.kind == "prefill"] == ["fit"]
+    assert "held out" in DEPLOYMENT_SPLIT
+
+
+def test_noisy_fit_is_close(tmp_path: Path) -> None:
+    fit = fit_deployment(_points(write_sweep(tmp_path / "run", noise=0.02)), _prior())
+    assert fit.fitted.bw_efficiency == pytest.approx(TRUTH.bw_efficiency, rel=0.1)
+    assert fit.errors["held-out"]["fitted"] < 0.05 < fit.errors["held-out"]["prior"]
+
+
+def test_calibrate_cli_saves_and_estimate_uses_the_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path / "config"))
+    run = write_sweep(tmp_path / "run")
+    # the synthetic server runs every client's sequence in each step: an engine whose cap is above the sweep's
+    result = runner.invoke(app, ["calibrate", str(run), "--hardware", HARDWARE, "--engine", "vllm", "--name", "mydeploy", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["saved"] and data["split"] == DEPLOYMENT_SPLIT
+    assert data["fitted"]["bw_efficiency"] == pytest.approx(TRUTH.bw_efficiency, rel=1e-6)
+    assert data["errors"]["held-out"]["fitted"] == pytest.approx(0.0, abs=1e-6)
+    calibrated = estimate(MODEL, "mydeploy", batch=8, prompt=1024, output=64)
+    assert calibrated.engine == "vllm"  # the profile names the engine it was measured on
+    assert calibrated.bw_efficiency == pytest.approx(TRUTH.bw_efficiency, rel=1e-3)
+    assert calibrated.sequence_overhead_s == pytest.approx(TRUTH.sequence_overhead_s, rel=1e-3)
+    cost, machine = truth_machine()
+    truth_itl = float(core.mean_decode_step_seconds(cost, machine, 8.0, 1024.0, 1088.0))
+    assert calibrated.itl_s == pytest.approx(truth_itl, rel=1e-3)
+    # simulate --hardware NAME uses it too
+    sim = runner.invoke(app, ["simulate", "-m", MODEL, "-H", "mydeploy", "--requests", "4", "--concurrency", "2", "--json"])
+    assert sim.exit_code == 0, sim.output
+    assert json.loads(sim.output)["engine"]["bw_efficiency"] == pytest.approx(TRUTH.bw_efficiency, rel=1e-3)
+    # the text output states the split and the held-out error
+    text = runner.invoke(app, ["calibrate", str(run), "--hardware", HARDWARE, "--engine", "vllm", "--name", "mydeploy2"])
+    assert text.exit_code == 0, text.output
+    assert "held out" in text.output and "held-out points" in text.output
+
+
+def test_a_fit_that_misses_its_own_points_is_refused_unless_forced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path / "config"))
+    # the fitted levels alternately 80% slow and 45% fast: no step model fits these
+    run = write_sweep(tmp_path / "run", distort=lambda level: 1.8 if level in (1, 16) else 0.55)
+    result = _cli("calibrate", str(run), "--hardware", HARDWARE, "--engine", "vllm", "--name", "bad")
+    assert result.returncode == 2
+    assert "not saved" in result.stderr and "own points" in result.stderr and "--force" in result.stderr
+    assert not (tmp_path / "config" / "profiles" / "bad.toml").exists()
+    forced = runner.invoke(app, ["calibrate", str(run), "--hardware", HARDWARE, "--engine", "vllm", "--name", "bad", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert (tmp_path / "config" / "profiles" / "bad.toml").exists()
+
+
+def test_a_fit_worse_than_the_prior_on_held_out_levels_is_refused() -> None:
+    from speedlimit.verify.fit import DeploymentFit
+
+    fit = DeploymentFit(fitted=TRUTH, prior=TRUTH, points=[],
+                        errors={"fit": {"prior": 0.1, "fitted": 0.05}, "held-out": {"prior": 0.1, "fitted": 0.2}})
+    assert "worse than the prior" in fit.refusal()
+
+
+@pytest.mark.parametrize("setup, needle", [
+    (lambda p: p.mkdir(), "no summary.json"),
+    (lambda p: (p.mkdir(), (p / "summary.json").write_text("{not json")), "summary"),
+])
+def test_bad_run_directories_are_one_line_errors(tmp_path: Path, setup, needle: str) -> None:
+    path = tmp_path / "run"
+    setup(path)
+    result = _cli("calibrate", str(path), "--hardware", HARDWARE, "--model", MODEL)
+    assert result.returncode == 2
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_missing_requests_and_too_few_levels(tmp_path: Path) -> None:
+    run = write_sweep(tmp_path / "run", levels=(1, 2))
+    (run / "concurrency_2" / "requests.jsonl").unlink()
+    with pytest.raises(SpeedlimitError, match="requests.jsonl"):
+        sweep_levels(run)
+    one = write_sweep(tmp_path / "one", levels=(4, 8))
+    with pytest.raises(SpeedlimitError, match="too few"):
+        fit_deployment(_points(one), _prior())
+
+
+def test_directory_and_files_do_not_mix(tmp_path: Path) -> None:
+    run = write_sweep(tmp_path / "run", levels=(1, 2, 4))
+    result = _cli("calibrate", str(run), str(run / "summary.json"), "--hardware", HARDWARE)
+    assert result.returncode == 2 and "one bench run directory" in result.stderr
+    result = _cli("calibrate", str(run / "summary.json"), "--engine", "vllm")
+    assert result.returncode == 2 and "--engine applies to a bench run directory" in result.stderr
+
+
+def test_a_fit_worse_than_the_prior_on_held_out_levels_is_refused_by_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path / "config"))
+    # the fitted levels follow one machine, the held-out ones exactly the prior's: the prior predicts them better
+    prior = _prior("vllm")
+    run = write_sweep(tmp_path / "run", truth_at=lambda level: prior if level in (2, 8, 32, 128) else TRUTH)
+    result = _cli("calibrate", str(run), "--hardware", HARDWARE, "--engine", "vllm", "--name", "worse", env={"SPEEDLIMIT_CONFIG_DIR": str(tmp_path / "config")})
+    assert result.returncode == 2, result.stderr
+    assert "worse than the prior" in result.stderr
+
+
+def _cli(*args: str, env: dict[str, str] | None = None):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "speedlimit.cli", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
