@@ -432,6 +432,8 @@ class ScaleOut:
             for record in batch:
                 record.start_ns -= offset
                 record.end_ns -= offset
+                if record.scheduled_ns is not None:
+                    record.scheduled_ns -= offset
                 record.worker = w
                 records.append(record)
                 on_record(record)
