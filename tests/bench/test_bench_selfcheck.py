@@ -158,3 +158,17 @@ def test_bad_metrics_flags_are_one_line_errors(run_cli, flag, value):
     code, _, stderr = run_cli(["bench", "--url", "http://127.0.0.1:9/v1", flag, value, "--no-progress"])
     assert code == 2 and "Traceback" not in stderr and stderr.strip().count("\n") == 0
     assert flag in stderr
+
+
+def test_workers_map_the_schedule_onto_the_run_clock(faulty_server, run_cli, tmp_path):
+    out = tmp_path / "run"
+    code, stdout, stderr = run_cli(["bench", "--url", faulty_server.url("ok"), "--requests", "16", "--rate", "100",
+                                    "--output-tokens", "4", "--workers", "2", "--no-progress", "--out", str(out)])
+    assert code == 0, stderr
+    summary = RunSummary.load(out / "summary.json")
+    arrivals, client = summary.self_checks.arrivals, summary.self_checks.client
+    assert arrivals.requests == 16 and client.processes == 2
+    # on one machine the offsets are ~0: a lag far from 0 would be a schedule left on the worker's clock
+    assert -0.002 < arrivals.lag_p50_s < 0.5
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert {r["worker"] for r in rows} == {0, 1} and all(r["request_id"] for r in rows)

@@ -522,7 +522,10 @@ class BenchRunner:
                             warnings=run_warnings(records, self.workload.output_tokens, self.endpoint.force_output),
                             workers=workers_info)
         summary.server = scraper.summary() if scraper is not None else None
-        summary.self_checks = self_checks(records, wall_s=wall_s, cpu_s=cpu_s, lags_s=monitor.lags_s,
+        # CPU over the window the load ran (first send to last end): with --workers, the wall clock above also holds
+        # the clock pings and the start barrier
+        busy_s = duration_s if duration_s > 0 else wall_s
+        summary.self_checks = self_checks(records, wall_s=busy_s, cpu_s=cpu_s, lags_s=monitor.lags_s,
                                           client_ttft=summary.ttft_s, server=summary.server, workers=workers_info)
         if scraper is not None and scraper.warning:
             summary.warnings.append(scraper.warning)
