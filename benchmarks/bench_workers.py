@@ -2,8 +2,8 @@
 faulty_server.py, in its own process on 127.0.0.1) with 1, 2 and 4 worker processes, the CPU seconds used (parent
 and workers), and what the client adds at each: ITL (p50/p99 of measured gap minus the server's paced 20 ms gap) and
 TTFT (p50/p99 minus the server's paced 20 ms before the first chunk, so what is left is client plus loopback). The
-firehose run's own self-check is printed too: the busiest sending process's CPU (share of one core), the parent's
-event-loop lag p99, and whether bench flagged itself as the bottleneck.
+firehose run's own self-check is printed too: the busiest sending process's CPU (share of one core), the worst
+sending event loop's timer lag p99 (the parent's, or a worker's), and whether bench flagged itself as the bottleneck.
 
 Usage: python benchmarks/bench_workers.py [--workers 1,2,4] [--streams 64] [--tokens 200] [--requests 600]
                                           [--repeat 1]
@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_client_overhead import start_fake_server  # noqa: E402
 from speedlimit.bench.client import Endpoint, run_async  # noqa: E402
 from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan  # noqa: E402
+from speedlimit.bench.selfcheck import worst_loop_lag_s  # noqa: E402
 from speedlimit.bench.workers import make_scale_out  # noqa: E402
 from speedlimit.bench.workload import LengthSpec  # noqa: E402
 
@@ -72,7 +73,7 @@ def main() -> None:
                 client = fire.self_checks.client
                 print(f"{n:>7} {fire.output_tok_s:>11,.0f} {fire.output_tok_s / base:>6.2f} {cpu:>6.1f} {wall:>6.1f} "
                       f"{itl[0]:>7.2f}/{itl[1]:<8.2f} {ttft[0]:>8.2f}/{ttft[1]:<8.2f} "
-                      f"{client.cpu_fraction:>10.0%} {client.loop_lag_p99_s * 1e3:>9.2f} ms "
+                      f"{client.cpu_fraction:>10.0%} {worst_loop_lag_s(client) * 1e3:>9.2f} ms "
                       f"{'yes' if client.bottleneck else 'no':>7}"
                       f"  (server CPU {scpu:.1f} s, timed window {fire.duration_s:.2f} s)")
     finally:

@@ -267,6 +267,7 @@ class WorkerInfo(BaseModel):
     clock_drift_ms: float | None = None  # the offset measured after the run minus before it
     start_lag_ms: float | None = None  # when it actually started minus the common start (run clock)
     cpu_s: float | None = None  # CPU seconds the worker process used during the run
+    loop_lag_p99_s: float | None = None  # how late its event loop woke for a timer (p99; its timestamps lag as much)
 
 
 class WorkersInfo(BaseModel):
@@ -348,6 +349,7 @@ class ClientCheck(BaseModel):
     loop_lag_p99_s: float | None = None
     loop_lag_max_s: float | None = None
     loop_lag_samples: int = 0
+    worker_loop_lag_p99_s: float | None = None  # --workers/--ray: the worst worker's own event-loop lag p99
     bottleneck: bool = False  # the client, not the server, may be what limits these numbers
 
 

@@ -44,6 +44,11 @@ def test_client_cpu_and_loop_lag_flag_the_bottleneck_loudly():
                                                              WorkerInfo(worker=1, cpu_s=3.0)])
     spread = client_check(wall_s=10, cpu_s=0.5, lags_s=[0.0], workers=workers)
     assert spread.bottleneck and spread.processes == 2 and spread.cpu_s == pytest.approx(13.3)
+    starved = WorkersInfo(mode="processes", count=2, workers=[WorkerInfo(worker=0, cpu_s=2.0, loop_lag_p99_s=0.001),
+                                                              WorkerInfo(worker=1, cpu_s=2.0, loop_lag_p99_s=0.3)])
+    lagging = client_check(wall_s=10, cpu_s=0.5, lags_s=[0.001] * 100, workers=starved)
+    assert lagging.bottleneck and lagging.worker_loop_lag_p99_s == 0.3
+    assert not client_check(wall_s=0.5, cpu_s=0.5, lags_s=[0.3] * 10).bottleneck  # under 1 s: not judged
     from speedlimit.artifacts import SelfChecks
 
     (line,) = check_warnings(SelfChecks(client=busy), forced_output=False)
@@ -168,6 +173,7 @@ def test_workers_map_the_schedule_onto_the_run_clock(faulty_server, run_cli, tmp
     summary = RunSummary.load(out / "summary.json")
     arrivals, client = summary.self_checks.arrivals, summary.self_checks.client
     assert arrivals.requests == 16 and client.processes == 2
+    assert all(w.loop_lag_p99_s is not None for w in summary.workers.workers)
     # on one machine the offsets are ~0: a lag far from 0 would be a schedule left on the worker's clock
     assert -0.002 < arrivals.lag_p50_s < 0.5
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]

@@ -113,7 +113,9 @@ def self_check_lines(checks: SelfChecks) -> list[tuple[str, str]]:
         c = checks.client
         who = "" if c.processes == 1 else f" (busiest of {c.processes} processes)"
         text = (f"CPU {c.cpu_fraction:.0%} of a core{who}, {c.cpu_s:.2f} s over {c.wall_s:.2f} s; event-loop lag "
-                f"p50 {_ms(c.loop_lag_p50_s)} ms, p99 {_ms(c.loop_lag_p99_s)} ms")
+                f"p50 {_ms(c.loop_lag_p50_s)} ms, p99 {_ms(c.loop_lag_p99_s)} ms"
+                + (f" (workers' worst p99 {_ms(c.worker_loop_lag_p99_s)} ms)" if c.worker_loop_lag_p99_s is not None
+                   else ""))
         rows.append(("client", text + ("  ← CLIENT-BOUND" if c.bottleneck else "")))
     if checks.ttft_vs_server is not None:
         t = checks.ttft_vs_server
