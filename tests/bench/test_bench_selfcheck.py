@@ -178,3 +178,18 @@ def test_workers_map_the_schedule_onto_the_run_clock(faulty_server, run_cli, tmp
     assert -0.002 < arrivals.lag_p50_s < 0.5
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     assert {r["worker"] for r in rows} == {0, 1} and all(r["request_id"] for r in rows)
+
+
+def test_a_sweep_prints_each_levels_self_check(faulty_server, run_cli, tmp_path):
+    code, stdout, stderr = run_cli(["bench", "--url", faulty_server.url("ok"), "--sweep", "concurrency=1,2",
+                                    "--requests", "6", "--output-tokens", "4", "--no-progress",
+                                    "--out", str(tmp_path / "sweep")])
+    assert code == 0, stderr
+    import re
+
+    assert len(re.findall(r"│ ok\s+│", stdout)) == 2  # the self-check column: one verdict per level
+    from speedlimit.artifacts import SweepSummary
+
+    sweep = SweepSummary.load(tmp_path / "sweep" / "summary.json")
+    assert all(point.self_checks is not None and point.self_checks.output_length.exact == 6 for point in sweep.points)
+    assert (tmp_path / "sweep" / "concurrency_1" / "requests.jsonl").is_file()

@@ -180,12 +180,34 @@ def sweep_table(summary: SweepSummary) -> Table:
     table = Table(title=f"sweep over {parameter}: saturation {sweep.saturation_output_tok_s or 0:,.1f} out tok/s "
                         f"at {sweep.saturation_load or 0:g}, knee at {parameter}={sweep.knee_load or 0:g}",
                   title_justify="left")
+    checked = any(point.self_checks is not None for point in summary.points)
     for column in (parameter, "req/s", "out tok/s", "TTFT p50 ms", "TPOT p50 ms", "E2E p99 ms", "errors"):
         table.add_column(column, justify="right")
+    if checked:
+        table.add_column("self-check")
     for point in summary.points:
-        table.add_row(f"{point.sweep_value or 0:g}", f"{point.request_s:.3f}", f"{point.output_tok_s:,.1f}",
-                      _ms(point.ttft_s.p50), _ms(point.tpot_s.p50), _ms(point.e2e_s.p99), str(point.failed))
+        row = [f"{point.sweep_value or 0:g}", f"{point.request_s:.3f}", f"{point.output_tok_s:,.1f}",
+               _ms(point.ttft_s.p50), _ms(point.tpot_s.p50), _ms(point.e2e_s.p99), str(point.failed)]
+        if checked:
+            row.append(self_check_flag(point.self_checks))
+        table.add_row(*row)
     return table
+
+
+def self_check_flag(checks: SelfChecks | None) -> str:
+    """One word or a few for a sweep level: ok, or which self-check failed (details in its summary.json)."""
+    if checks is None:
+        return "-"
+    from speedlimit.bench.selfcheck import LATE_SHARE_BAD
+
+    flags = []
+    if checks.client is not None and checks.client.bottleneck:
+        flags.append("CLIENT-BOUND")
+    if checks.arrivals is not None and checks.arrivals.late > LATE_SHARE_BAD * checks.arrivals.requests:
+        flags.append("sent late")
+    if checks.output_length is not None and (checks.output_length.more or checks.output_length.fewer):
+        flags.append("lengths off")
+    return ", ".join(flags) or "ok"
 
 
 def print_summary(console: Console, summary: RunSummary | SweepSummary) -> None:
