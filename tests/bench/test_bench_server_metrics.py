@@ -188,6 +188,9 @@ def test_parse_keeps_engine_families_sums_labels_and_keys_buckets_by_bound():
     summed = parse_metrics(two_engines)
     assert summed["vllm:prompt_tokens_total"] == 2000.0  # counters add up over data-parallel engines
     assert summed["vllm:kv_cache_usage_perc"] == 0.0  # fractions are averaged, not added
+    summary_family = ('# TYPE tgi_x summary\ntgi_x{quantile="0.5"} 3\ntgi_x{quantile="0.99"} 9\n'
+                      "tgi_x_sum 12\ntgi_x_count 4\n")
+    assert parse_metrics(summary_family) == {"tgi_x_sum": 12.0, "tgi_x_count": 4.0}
 
 
 @pytest.mark.parametrize("text, engine", [

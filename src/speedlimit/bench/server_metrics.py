@@ -131,8 +131,8 @@ def parse_metrics(text: str) -> dict[str, float]:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 any_sample = True
-                if not sample.name.startswith(tuple(ENGINE_PREFIXES)):
-                    continue
+                if not sample.name.startswith(tuple(ENGINE_PREFIXES)) or "quantile" in sample.labels:
+                    continue  # other families; summaries' quantiles cannot be added up over label sets
                 key = _label_key(sample.name, sample.labels)
                 if key not in sums and len(sums) >= MAX_SAMPLES:
                     continue
