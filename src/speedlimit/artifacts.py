@@ -143,6 +143,12 @@ class RequestRecord(BaseModel):
     preemptions: int = 0
     # bench --workers/--ray: the worker (0-based) that sent it; start_ns/end_ns are already on the run's clock
     worker: int | None = None
+    # bench: the X-Request-Id sent with it (a UUID4), and the server's own id for it when the response carried one
+    # (its X-Request-Id header, else the OpenAI `id` of the stream chunks): joins a run with server logs and traces
+    request_id: str | None = None
+    server_request_id: str | None = None
+    max_tokens: int | None = None  # bench: the max_tokens it asked for (what the output-length self-check compares)
+    scheduled_ns: int | None = None  # bench open loop: when the schedule meant it to leave (start_ns is when it did)
     # kept in memory for recounting tokens; never written
     output_text: str = Field(default="", exclude=True)
 
@@ -261,6 +267,7 @@ class WorkerInfo(BaseModel):
     clock_drift_ms: float | None = None  # the offset measured after the run minus before it
     start_lag_ms: float | None = None  # when it actually started minus the common start (run clock)
     cpu_s: float | None = None  # CPU seconds the worker process used during the run
+    loop_lag_p99_s: float | None = None  # how late its event loop woke for a timer (p99; its timestamps lag as much)
 
 
 class WorkersInfo(BaseModel):
@@ -276,6 +283,107 @@ class WorkersInfo(BaseModel):
     start_spread_ms: float | None = None  # latest minus earliest actual worker start, on the run clock
     cpu_s: float | None = None  # all workers together
     workers: list[WorkerInfo] = Field(default_factory=list)
+
+
+class ServerGauge(BaseModel):
+    """A server gauge over a run's scrapes (before, during every --metrics-interval, after)."""
+
+    metric: str
+    mean: float | None = None
+    max: float | None = None
+    last: float | None = None
+
+
+class ServerHistogram(BaseModel):
+    """A server latency histogram over the run: the scrape after minus the one before. The mean is exact
+    (_sum/_count); percentiles are interpolated within buckets as Prometheus' histogram_quantile does."""
+
+    metric: str
+    n: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+
+class ServerMetrics(BaseModel):
+    """What the server's own Prometheus /metrics said about a run (bench; None when it exports none). The series
+    behind it are in the run directory's server_metrics.jsonl."""
+
+    engine: str = "unknown"  # vllm | sglang | tgi | llamacpp | unknown (from the metric names' prefix)
+    url: str = ""
+    scrapes: int = 0
+    interval_s: float | None = None
+    failures: int = 0
+    running: ServerGauge | None = None  # requests running (in the batch)
+    waiting: ServerGauge | None = None  # requests queued (llama.cpp: deferred)
+    kv_cache_usage: ServerGauge | None = None  # fraction 0..1 of the KV cache in use
+    prefix_cache_hit_rate: float | None = None  # vLLM: blocks hit/queried; SGLang, llama.cpp: cached prompt tokens
+    counters: dict[str, float] = Field(default_factory=dict)  # over the run: prompt_tokens, generation_tokens, ...
+    histograms: dict[str, ServerHistogram] = Field(default_factory=dict)  # ttft_s, tpot_s, itl_s, e2e_s, queue_s...
+
+
+class ArrivalCheck(BaseModel):
+    """Open loop: each request's actual send (its last byte on the socket) minus its scheduled time. It includes
+    opening a connection when the pool had none free; a slightly negative lag is a timer that fired early (uvloop's
+    timers have 1 ms granularity)."""
+
+    requests: int = 0
+    lag_p50_s: float | None = None
+    lag_p99_s: float | None = None
+    lag_max_s: float | None = None
+    late: int = 0  # sent more than late_threshold_s after its scheduled time
+    late_threshold_s: float = 0.01
+
+
+class ClientCheck(BaseModel):
+    """How busy the client was: CPU seconds of the event loop's thread (of each worker process with --workers) over
+    the run's wall time (1.0 = one core, all an asyncio loop can use) and how late the event loop woke up for a
+    timer (lag). Runs shorter than 1 s are not judged."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    cpu_fraction: float = 0.0  # of one core, for the busiest process (this one, or the busiest worker)
+    processes: int = 1
+    loop_lag_p50_s: float | None = None
+    loop_lag_p99_s: float | None = None
+    loop_lag_max_s: float | None = None
+    loop_lag_samples: int = 0
+    worker_loop_lag_p99_s: float | None = None  # --workers/--ray: the worst worker's own event-loop lag p99
+    bottleneck: bool = False  # the client, not the server, may be what limits these numbers
+
+
+class OutputLengthCheck(BaseModel):
+    """Requested max_tokens vs received output tokens over completed requests with exact counts."""
+
+    checked: int = 0
+    token_count_source: str = "none"
+    exact: int = 0
+    fewer: int = 0
+    more: int = 0
+    mean_received_over_requested: float | None = None
+    finish_reasons: dict[str, int] = Field(default_factory=dict)
+
+
+class TTFTCheck(BaseModel):
+    """Client-measured TTFT minus the server's own TTFT histogram (network, client and HTTP overhead)."""
+
+    client_mean_s: float | None = None
+    server_mean_s: float | None = None
+    mean_diff_s: float | None = None
+    client_p50_s: float | None = None
+    server_p50_s: float | None = None  # interpolated within the server's buckets: coarse
+    p50_diff_s: float | None = None
+    server_metric: str = ""
+
+
+class SelfChecks(BaseModel):
+    """bench checking itself: arrivals on schedule, client headroom, TTFT vs the server's, output lengths."""
+
+    arrivals: ArrivalCheck | None = None
+    client: ClientCheck | None = None
+    ttft_vs_server: TTFTCheck | None = None
+    output_length: OutputLengthCheck | None = None
 
 
 class Comparison(BaseModel):
@@ -335,7 +443,10 @@ class RunSummary(Artifact):
     sweep_value: float | None = None  # the load level of this run within a sweep
     interrupted: str | None = None  # the signal (SIGINT, SIGTERM) that stopped the run early; None when it ran out
     warnings: list[str] = Field(default_factory=list)  # what a reader of these numbers must know (token counts...)
+    notes: list[str] = Field(default_factory=list)  # what is worth knowing but does not touch the numbers
     workers: WorkersInfo | None = None  # bench --workers/--ray: the workers and the clock skew measured between them
+    server: ServerMetrics | None = None  # bench: the server's own /metrics over the run (server_metrics.jsonl)
+    self_checks: SelfChecks | None = None  # bench: arrival lag, client CPU and loop lag, TTFT vs server, lengths
 
     @property
     def decode_tok_s_per_user(self) -> float | None:

@@ -28,10 +28,17 @@ Modes:
                   connection is read and the connection closed with no response byte: what a client sees when the
                   server closed an idle keep-alive connection just as the client reused it (llama-server does).
     drop          every completion request is read and its connection closed with no response byte.
+    metrics       like ok, paced 2 ms a chunk, and `GET /metrics/metrics` answers vLLM-format Prometheus text
+                  (`vllm:` gauges, counters and a TTFT histogram) computed from what this mode has served so far.
+    echo_id       like ok, and the response carries `X-Request-Id: server-<the id the request sent>`.
+    metrics_garbage   like ok; `GET .../metrics` answers 200 with an HTML page (not Prometheus text).
+    metrics_hang      like ok; `GET .../metrics` never answers.
+    Any other mode answers `GET .../metrics` with 404 (a server without Prometheus metrics).
 
 `GET /<mode>/v1/models` lists one model, `fake-model`. Run it in a background thread (`FaultyOpenAIServer`, a context
 manager) or as a separate process: `python tests/bench/faulty_server.py --port 0` prints `PORT <n>` when ready.
-`served` lists (mode, position of the request on its connection: 1 = first) for every request, in arrival order.
+`served` lists (mode, position of the request on its connection: 1 = first) for every request, in arrival order;
+`request_ids` the X-Request-Id header of every completion request (None when it had none).
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ from typing import Any
 
 MIXED_CYCLE = ("ok", "http_429", "http_500", "http_503", "disconnect", "malformed", "empty", "hang", "error_event")
 MODEL_NAME = "fake-model"
+#: vLLM's TTFT histogram buckets (seconds), the first ones of its list.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 #: Words that are exactly one token each, with their leading space, in GPT-2-style BPE vocabularies (SmolLM2's too).
 MULTI_WORDS = ("the", "of", "and", "to", "in", "is", "was", "for")
 
@@ -74,6 +83,8 @@ class _Handler:
     def __init__(self, server: "FaultyOpenAIServer") -> None:
         self.server = server
         self.received_ns = 0
+        self.headers: dict[str, str] = {}
+        self.echo_id = False
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -96,6 +107,7 @@ class _Handler:
                 if "content-length" in headers:
                     body = await reader.readexactly(int(headers["content-length"]))
                 self.received_ns = time.perf_counter_ns()
+                self.headers = headers
                 position += 1
                 keep_open = await self.respond(method, path, body, writer, position)
                 if not keep_open:
@@ -121,6 +133,7 @@ class _Handler:
             mode = MIXED_CYCLE[index % len(MIXED_CYCLE)]
         self.server.modes_served.append(mode)
         self.server.served.append((mode, position))
+        self.echo_id = mode == "echo_id"
         if mode == "mute":
             await asyncio.sleep(3600)
             return False
@@ -133,6 +146,17 @@ class _Handler:
             writer.write(self._head(200, "application/json", len(payload)) + payload)
             await writer.drain()
             return True
+        if method == "GET" and route == "/metrics":
+            if mode == "metrics_hang":
+                await asyncio.sleep(3600)
+                return False
+            if mode in ("metrics", "metrics_garbage"):
+                payload = (self.server.vllm_metrics() if mode == "metrics" else
+                           "<html><body><h1>Welcome</h1><p>nothing to see</p></body></html>\n").encode()
+                kind = "text/plain; version=0.0.4; charset=utf-8" if mode == "metrics" else "text/html"
+                writer.write(self._head(200, kind, len(payload)) + payload)
+                await writer.drain()
+                return True
         if method != "POST" or route not in ("/v1/completions", "/v1/chat/completions"):
             payload = b'{"error":{"message":"not found"}}'
             writer.write(self._head(404, "application/json", len(payload)) + payload)
@@ -142,19 +166,33 @@ class _Handler:
             return False  # close without a byte: the connection was "already closed" when this request came
         request = json.loads(body or b"{}")
         chat = route.endswith("chat/completions")
+        self.server.request_ids.append(self.headers.get("x-request-id"))
         if mode.startswith("http_"):
             status = int(mode[5:])
             payload = json.dumps({"error": {"message": f"fake {status}", "code": status}}).encode()
             writer.write(self._head(status, "application/json", len(payload)) + payload)
             await writer.drain()
             return True
-        return await self.stream(mode, request, chat, writer)
+        if mode != "metrics":
+            return await self.stream(mode, request, chat, writer)
+        with self.server.lock:
+            self.server.metrics_state["running"] += 1
+        try:
+            return await self.stream(mode, request, chat, writer)
+        finally:
+            with self.server.lock:
+                state = self.server.metrics_state
+                state["running"] -= 1
+                state["finished"] += 1
+                state["prompt_tokens"] += 7
+                state["generation_tokens"] += int(request.get("max_tokens") or 16)
 
-    @staticmethod
-    def _head(status: int, content_type: str, length: int | None) -> bytes:
+    def _head(self, status: int, content_type: str, length: int | None) -> bytes:
         reason = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error",
                   503: "Service Unavailable"}.get(status, "Status")
         lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {content_type}", "Connection: keep-alive"]
+        if self.echo_id and self.headers.get("x-request-id"):
+            lines.append(f"X-Request-Id: server-{self.headers['x-request-id']}")
         lines.append(f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked")
         return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
@@ -166,6 +204,8 @@ class _Handler:
                          and per_chunk == 1)
         writer.write(self._head(200, "text/event-stream", None))
         pace_s = float(mode.split("-", 1)[1]) / 1000 if mode.startswith("paced-") else 0.0
+        if mode == "metrics":
+            pace_s = 0.002
         timestamped = mode == "firehose" or mode.startswith("paced-")
         n_tokens = -(-n_tokens // per_chunk) if per_chunk > 1 else n_tokens  # chunks to send
         if mode == "empty":
@@ -184,6 +224,8 @@ class _Handler:
             else:
                 text = f"tok{i} "
             writer.write(_chunk_bytes(_sse(_token_event(chat, text))))
+            if i == 0 and mode == "metrics":
+                self.server.observe_ttft((time.perf_counter_ns() - received_ns) / 1e9)
             if pace_s or i % 16 == 15:
                 await writer.drain()
         await writer.drain()
@@ -224,11 +266,59 @@ class FaultyOpenAIServer:
         self.request_counter = 0
         self.modes_served: list[str] = []
         self.served: list[tuple[str, int]] = []
+        self.request_ids: list[str | None] = []
+        self.metrics_state = {"running": 0, "finished": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.ttft_buckets = {bound: 0 for bound in TTFT_BUCKETS}
+        self.ttft_sum = 0.0
+        self.ttft_count = 0
         self.connections: set = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+
+    def observe_ttft(self, seconds: float) -> None:
+        with self.lock:
+            self.ttft_sum += seconds
+            self.ttft_count += 1
+            for bound in self.ttft_buckets:
+                if seconds <= bound:
+                    self.ttft_buckets[bound] += 1
+
+    def vllm_metrics(self) -> str:
+        """What vLLM's /metrics looks like (names, types, labels, float formatting), from this mode's counters."""
+        labels = f'engine="0",model_name="{MODEL_NAME}"'
+        with self.lock:
+            state = dict(self.metrics_state)
+            buckets, total, count = dict(self.ttft_buckets), self.ttft_sum, self.ttft_count
+        lines = []
+
+        def family(name: str, kind: str, help_text: str, samples: list[tuple[str, str, float]]) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            for suffix, extra, value in samples:
+                lines.append(f"{name}{suffix}{{{extra}{labels}}} {float(value)!r}")
+
+        family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+               [("", "", state["running"])])
+        family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", [("", "", 0)])
+        family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+               [("", "", min(1.0, state["running"] / 64))])
+        family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+               [("", "", state["prompt_tokens"])])
+        family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+               [("", "", state["generation_tokens"])])
+        family("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried "
+               "tokens.", [("", "", state["prompt_tokens"])])
+        family("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+               [("", "", state["prompt_tokens"] // 7 * 3)])
+        rows = [("_bucket", f'le="{bound}",', n) for bound, n in buckets.items()]
+        rows += [("_bucket", 'le="+Inf",', count), ("_count", "", count), ("_sum", "", total)]
+        family("vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.", rows)
+        lines.append("# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.")
+        lines.append("# TYPE process_cpu_seconds_total counter")
+        lines.append("process_cpu_seconds_total 1.5")
+        return "\n".join(lines) + "\n"
 
     def url(self, mode: str) -> str:
         """Base URL (ending in /v1) that makes this server behave in `mode`."""

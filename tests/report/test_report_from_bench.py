@@ -36,6 +36,8 @@ def test_report_on_real_bench_sweep_and_failing_run(tmp_path):
     done = run_cli("report", str(tmp_path / "run" / "requests.jsonl"), "--out", str(tmp_path / "run-report"))
     assert done.returncode == 0, done.stderr
     text = (tmp_path / "run-report" / "report.html").read_text(encoding="utf-8")
-    assert set(re.findall(r'<section id="([a-z]+)"', text)) == {"summary", "distributions", "comparison", "timeline", "errors"}
+    assert set(re.findall(r'<section id="([a-z]+)"', text)) == {"summary", "distributions", "comparison", "server",
+                                                                "timeline", "errors"}
+    assert "Self-checks" in text and "output length" in text  # bench's self-checks; the fake "mixed" has no /metrics
     assert "http_500" in text and "timeout" in text
     assert (tmp_path / "run-report" / "comparison.png").is_file()

@@ -10,6 +10,10 @@ the hot loop only stamps and stores reads and parsing happens after the stream (
 so neither this stream's nor other streams' parsing shows up as latency. uvloop is used when installed. Every failure becomes an error *kind*, never an
 exception out of `send_request`.
 
+Every request carries an `X-Request-Id` header (a fresh UUID4, kept on a retry) and its record keeps it, with the
+server's own id when the response carries one (an `X-Request-Id` response header, else the OpenAI `id` of the
+chunks), so that a run can be joined with server logs and traces.
+
 A request that fails before any response arrived on a *reused* keep-alive connection is sent once more on a fresh
 connection and counted in `RequestRecord.retries`: a server may close a pooled connection just as the next request goes
 out on it, and that is the pool's failure, not the server's. llama.cpp's `llama-server` closes the connection after
@@ -22,6 +26,7 @@ import asyncio
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,7 +180,8 @@ PARSE_BACKLOG_READS = 1024
 class _StreamParse:
     """Turns the timestamped raw reads of one response into tokens, usage, finish and in-stream errors."""
 
-    __slots__ = ("decoder", "token_ns", "texts", "usage", "finish_reason", "finished", "error_kind", "error_text")
+    __slots__ = ("decoder", "token_ns", "texts", "usage", "finish_reason", "finished", "error_kind", "error_text",
+                 "response_id")
 
     def __init__(self) -> None:
         self.decoder = SSEDecoder()
@@ -186,6 +192,7 @@ class _StreamParse:
         self.finished = False  # saw finish_reason or [DONE]
         self.error_kind: str | None = None
         self.error_text: str | None = None
+        self.response_id: str | None = None  # the OpenAI `id` of the chunks (the server's id for this request)
 
     def _events(self, now_ns: int, events: list[tuple[str, str]]) -> None:
         for name, data in events:
@@ -199,6 +206,8 @@ class _StreamParse:
             if event.error is not None:
                 self.error_kind, self.error_text = "server_error", event.error
                 return
+            if event.id is not None and self.response_id is None:
+                self.response_id = event.id
             if event.text:
                 self.token_ns.append(now_ns)
                 self.texts.append(event.text)
@@ -234,10 +243,13 @@ async def _stream(session: aiohttp.ClientSession, endpoint: Endpoint, payload: b
     record.start_ns = time.perf_counter_ns()  # replaced by _stamp_sent once the request is on the socket
     try:
         async with asyncio.timeout(endpoint.timeout_s):
-            async with session.post(endpoint.url, data=payload, headers=endpoint.headers,
+            headers = endpoint.headers
+            headers["X-Request-Id"] = record.request_id
+            async with session.post(endpoint.url, data=payload, headers=headers,
                                     trace_request_ctx=attempt) as response:
                 attempt.responded = True
                 record.http_status = response.status
+                record.server_request_id = response.headers.get("X-Request-Id") or None
                 if response.status != 200:
                     body = await response.content.read(2000)
                     record.error_kind = f"http_{response.status}"
@@ -273,8 +285,11 @@ async def _stream(session: aiohttp.ClientSession, endpoint: Endpoint, payload: b
 async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec: RequestSpec) -> RequestRecord:
     """Send one streaming request and time it; errors are recorded by kind, never raised."""
     record = RequestRecord(index=spec.index, prompt_tokens=spec.prompt_tokens,
-                           prompt_token_source=spec.prompt_token_source)
-    payload = json.dumps(request_body(endpoint, spec)).encode()
+                           prompt_token_source=spec.prompt_token_source, request_id=str(uuid.uuid4()))
+    body = request_body(endpoint, spec)
+    requested = body.get("max_tokens", body.get("max_completion_tokens"))
+    record.max_tokens = requested if isinstance(requested, int) and not isinstance(requested, bool) else None
+    payload = json.dumps(body).encode()
     parse = _StreamParse()
     try:
         stamps, reads, body_complete = await _stream(session, endpoint, payload, record, parse)
@@ -306,6 +321,8 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec:
             record.error_text = "[DONE] arrived but no choice ever had a finish_reason"
     token_ns = parse.token_ns
     record.finish_reason = parse.finish_reason
+    if record.server_request_id is None:
+        record.server_request_id = parse.response_id
     record.e2e_s = (record.end_ns - record.start_ns) / 1e9
     record.output_chunks = len(token_ns)
     record.output_text = "".join(parse.texts)

@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterable, Sequence
 from speedlimit.bench.client import Endpoint, check_server, make_session, raise_open_file_limit, send_request
 from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary, write_records
 from speedlimit.bench.metrics import find_knee, run_warnings, summarize
+from speedlimit.bench.selfcheck import LoopLagMonitor, check_warnings, cpu_seconds, self_checks
+from speedlimit.bench.server_metrics import DEFAULT_INTERVAL_S, MetricsScraper
 from speedlimit.bench.tokenizer import LocalTokenizer, ServerTokenizer, load_local_tokenizer, probe_tokenizer
 from speedlimit.bench.workload import (LengthSpec, RequestSpec, arrival_offsets_s, build_requests, load_dataset,
                                       load_trace, trace_offsets_s)
@@ -40,7 +42,7 @@ MAX_CONCURRENCY = 100_000
 MAX_PROMPT_POOL = 10_000
 PROMPT_TOKEN_BUDGET = 50_000_000
 #: Files and folders a bench run writes into --out; an --out that holds any of them holds a run.
-RUN_FILES = ("requests.jsonl", "summary.json")
+RUN_FILES = ("requests.jsonl", "summary.json", "server_metrics.jsonl")
 
 
 def _finite(name: str, value: float | None) -> None:
@@ -236,7 +238,7 @@ class _Sender:
         self.stopping = False
         self.stopped = asyncio.Event()
 
-    async def send(self, spec: RequestSpec) -> None:
+    async def send(self, spec: RequestSpec, scheduled_ns: int | None = None) -> None:
         task = asyncio.create_task(send_request(self.session, self.endpoint, spec))
         self.in_flight.add(task)
         try:
@@ -247,6 +249,7 @@ class _Sender:
             raise
         finally:
             self.in_flight.discard(task)
+        record.scheduled_ns = scheduled_ns
         self.records.append(record)
         self.on_record(record)
 
@@ -297,7 +300,7 @@ async def run_open_loop(sender: _Sender, specs: list[RequestSpec], offsets_s: li
                 await asyncio.wait_for(sender.stopped.wait(), delay_s)
         if sender.stopping:
             break
-        tasks.append(asyncio.create_task(sender.send(_cycled(specs, n))))
+        tasks.append(asyncio.create_task(sender.send(_cycled(specs, n), send_ns)))
     await asyncio.gather(*tasks)
     return sender.records
 
@@ -326,7 +329,16 @@ class BenchRunner:
 
     def __init__(self, endpoint: Endpoint, workload: WorkloadPlan, *, slo: dict[str, float] | None = None,
                  preflight: bool = True, count_tokens: bool = True, tokenizer_path: Path | None = None,
-                 progress: Callable[[str, int | None], Any] | None = None, scale: Any = None) -> None:
+                 progress: Callable[[str, int | None], Any] | None = None, scale: Any = None,
+                 server_metrics: bool = True, metrics_interval_s: float = DEFAULT_INTERVAL_S,
+                 metrics_url: str | None = None) -> None:
+        if not 0 < metrics_interval_s < math.inf:
+            raise SpeedlimitError("--metrics-interval must be a finite number of seconds > 0")
+        if metrics_url is not None and not metrics_url.startswith(("http://", "https://")):
+            raise SpeedlimitError(f"--metrics-url must start with http:// or https:// (got {metrics_url!r})")
+        self.server_metrics = server_metrics  # scrape the server's Prometheus /metrics around every run
+        self.metrics_interval_s = metrics_interval_s
+        self.metrics_url = metrics_url
         self.endpoint = endpoint
         self.scale = scale  # bench.workers.ScaleOut: --workers/--ray (None: this process sends everything)
         self.workload = workload
@@ -456,6 +468,16 @@ class BenchRunner:
         else:
             offsets = None
         workers_info = None
+        scraper = None
+        if self.server_metrics and self.interrupted is None:
+            auth = {k: v for k, v in self.endpoint.headers.items() if k == "Authorization"}
+            scraper = MetricsScraper(self.session, self.metrics_url or self.endpoint.root_url + "/metrics",
+                                     self.metrics_interval_s, out_dir / "server_metrics.jsonl" if out_dir else None,
+                                     headers=auth)
+            await scraper.start()
+        monitor = LoopLagMonitor()
+        monitor.start()
+        cpu_start = cpu_seconds()
         start_ns = time.perf_counter_ns()
         try:
             if self.scale is not None:
@@ -469,11 +491,21 @@ class BenchRunner:
                     records = await run_closed_loop(sender, specs, n_requests, plan.concurrency, deadline_ns)
                 else:
                     records = await run_open_loop(sender, specs, offsets, deadline_ns)
+        except BaseException:
+            monitor.cancel()
+            if scraper is not None:
+                scraper.abort()
+            raise
         finally:
             self._sender = None
             if tracker is not None:
                 tracker.close()
             sink.close()
+        wall_s = (time.perf_counter_ns() - start_ns) / 1e9
+        cpu_s = cpu_seconds() - cpu_start
+        await monitor.stop()
+        if scraper is not None:
+            await scraper.finish()
         first_ns = min((r.start_ns for r in records), default=start_ns)
         last_ns = max((r.end_ns for r in records), default=start_ns)
         duration_s = (last_ns - first_ns) / 1e9
@@ -489,6 +521,17 @@ class BenchRunner:
                             endpoint=self.describe_endpoint(), interrupted=self.interrupted,
                             warnings=run_warnings(records, self.workload.output_tokens, self.endpoint.force_output),
                             workers=workers_info)
+        summary.server = scraper.summary() if scraper is not None else None
+        # CPU over the window the load ran (first send to last end): with --workers, the wall clock above also holds
+        # the clock pings and the start barrier
+        busy_s = duration_s if duration_s > 0 else wall_s
+        summary.self_checks = self_checks(records, wall_s=busy_s, cpu_s=cpu_s, lags_s=monitor.lags_s,
+                                          client_ttft=summary.ttft_s, server=summary.server, workers=workers_info)
+        if scraper is not None and scraper.warning:
+            summary.warnings.append(scraper.warning)
+        if scraper is not None and scraper.note:
+            summary.notes.append(scraper.note)
+        summary.warnings.extend(check_warnings(summary.self_checks, self.endpoint.force_output))
         if out_dir is not None:
             summary.save(out_dir / "summary.json")
         self.results.append(RunResult(records, summary))

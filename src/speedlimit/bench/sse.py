@@ -81,6 +81,7 @@ class StreamEvent:
     finish_reason: str | None = None
     error: str | None = None
     done: bool = False
+    id: str | None = None  # the chunk's OpenAI `id` (the server's id for the request)
 
 
 DONE = StreamEvent(done=True)
@@ -118,6 +119,9 @@ def interpret_event(event_name: str, data: str) -> StreamEvent:
         message = detail.get("message", detail) if isinstance(detail, dict) else detail
         return StreamEvent(error=str(message)[:500])
     result = StreamEvent()
+    response_id = obj.get("id")
+    if isinstance(response_id, str) and response_id:
+        result.id = response_id[:200]
     usage = obj.get("usage")
     if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
         result.usage = usage

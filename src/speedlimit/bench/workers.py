@@ -35,6 +35,7 @@ from typing import Any, Callable
 from speedlimit.artifacts import RequestRecord, WorkerInfo, WorkersInfo
 from speedlimit.bench.client import Endpoint, make_session, raise_open_file_limit, run_async
 from speedlimit.bench.runner import _Sender, run_closed_loop, run_open_loop
+from speedlimit.bench.selfcheck import LoopLagMonitor
 from speedlimit.bench.workload import RequestSpec
 from speedlimit.errors import SpeedlimitError
 
@@ -110,6 +111,8 @@ class LoadWorker:
         sender = self.sender = _Sender(session, job.endpoint, emit)
         cpu_start = _cpu_s()
         started_ns = None
+        monitor = LoopLagMonitor()  # this worker's own event loop: how late its timestamps may be
+        monitor.start()
         try:
             wait_s = (start_at_ns - time.perf_counter_ns()) / 1e9
             if wait_s > 0:
@@ -126,9 +129,12 @@ class LoadWorker:
                                         start_ns=start_at_ns, indices=[n for n, _ in job.arrivals])
         finally:
             self.sender = None
+            await monitor.stop()
             await session.close()
+        lags = sorted(monitor.lags_s)
         return {"started_ns": started_ns, "cpu_s": _cpu_s() - cpu_start, "requests": len(sender.records),
-                "host": socket.gethostname(), "pid": os.getpid()}
+                "host": socket.gethostname(), "pid": os.getpid(),
+                "loop_lag_p99_s": lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else None}
 
     def stop(self) -> None:
         self.stopping = True
@@ -432,6 +438,8 @@ class ScaleOut:
             for record in batch:
                 record.start_ns -= offset
                 record.end_ns -= offset
+                if record.scheduled_ns is not None:
+                    record.scheduled_ns -= offset
                 record.worker = w
                 records.append(record)
                 on_record(record)
@@ -461,7 +469,7 @@ class ScaleOut:
                 clock_offset_ms=offset.offset_ns / 1e6, clock_uncertainty_ms=offset.uncertainty_ns / 1e6,
                 clock_drift_ms=drift,
                 start_lag_ms=(started - offset.offset_ns - start_at_ns) / 1e6 if started is not None else None,
-                cpu_s=report.get("cpu_s")))
+                cpu_s=report.get("cpu_s"), loop_lag_p99_s=report.get("loop_lag_p99_s")))
         lags = [w.start_lag_ms for w in workers if w.start_lag_ms is not None]
         drifts = [abs(w.clock_drift_ms) for w in workers if w.clock_drift_ms is not None]
         cpu = [w.cpu_s for w in workers if w.cpu_s is not None]

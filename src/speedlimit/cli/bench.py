@@ -96,6 +96,12 @@ def bench_command(
                                                             "estimate (default: the served model name)."),
     workers: Optional[int] = typer.Option(None, help="Processes sending the load (default 1): concurrency slots or "
                                                      "arrivals of one seeded schedule are dealt out among them."),
+    server_metrics: bool = typer.Option(True, help="Scrape the server's Prometheus /metrics (vLLM, SGLang, TGI, "
+                                                   "llama-server --metrics) before, during and after each run: "
+                                                   "server_metrics.jsonl and a server block in the summary."),
+    metrics_interval: float = typer.Option(1.0, help="Seconds between /metrics scrapes during a run."),
+    metrics_url: Optional[str] = typer.Option(None, help="Where the server's metrics are (default: the server root "
+                                                         "of --url + /metrics)."),
     ray: Optional[str] = typer.Option(None, "--ray", is_flag=False, flag_value="local", metavar="[ADDRESS]",
                                       help="Send the load from --workers Ray actors (default 2): on the Ray cluster "
                                            "at ADDRESS (e.g. ray://head:10001 or auto), or alone (--ray) on a local "
@@ -143,7 +149,8 @@ def bench_command(
     live = progress and stderr.is_terminal
     tracker = (lambda label, total: LiveProgress(stderr, label, total)) if live else None
     runner = BenchRunner(endpoint, workload, slo=slo_bounds, preflight=not skip_preflight, count_tokens=count_tokens,
-                         tokenizer_path=tokenizer, progress=tracker, scale=scale)
+                         tokenizer_path=tokenizer, progress=tracker, scale=scale, server_metrics=server_metrics,
+                         metrics_interval_s=metrics_interval, metrics_url=metrics_url)
     if runner.trace is not None and requests is None and duration is None:
         base_plan.requests = len(runner.trace)  # the whole trace
 

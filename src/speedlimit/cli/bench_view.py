@@ -10,7 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from speedlimit.artifacts import PredictionBlock, RequestRecord, RunSummary, SweepSummary, WorkersInfo
+from speedlimit.artifacts import (PredictionBlock, RequestRecord, RunSummary, SelfChecks, ServerMetrics, SweepSummary,
+                                  WorkersInfo)
 
 
 class LiveProgress:
@@ -101,6 +102,67 @@ def workers_line(info: WorkersInfo) -> str:
     return text
 
 
+def self_check_lines(checks: SelfChecks) -> list[tuple[str, str]]:
+    """The self-checks as (name, text) rows: printed with every run."""
+    rows = []
+    if checks.arrivals is not None:
+        a = checks.arrivals
+        rows.append(("arrival lag", f"p50 {_ms(a.lag_p50_s)} ms, p99 {_ms(a.lag_p99_s)} ms; {a.late} of {a.requests} "
+                                    f"sent > {a.late_threshold_s * 1e3:g} ms late"))
+    if checks.client is not None:
+        c = checks.client
+        who = "" if c.processes == 1 else f" (busiest of {c.processes} processes)"
+        text = (f"CPU {c.cpu_fraction:.0%} of a core{who}, {c.cpu_s:.2f} s over {c.wall_s:.2f} s; event-loop lag "
+                f"p50 {_ms(c.loop_lag_p50_s)} ms, p99 {_ms(c.loop_lag_p99_s)} ms"
+                + (f" (workers' worst p99 {_ms(c.worker_loop_lag_p99_s)} ms)" if c.worker_loop_lag_p99_s is not None
+                   else ""))
+        rows.append(("client", text + ("  ← CLIENT-BOUND" if c.bottleneck else "")))
+    if checks.ttft_vs_server is not None:
+        t = checks.ttft_vs_server
+        rows.append(("TTFT − server's", f"mean {_ms(t.mean_diff_s)} ms (client {_ms(t.client_mean_s)}, server "
+                                         f"{_ms(t.server_mean_s)}); p50 {_ms(t.p50_diff_s)} ms (server p50 from "
+                                         "buckets)"))
+    if checks.output_length is not None:
+        o = checks.output_length
+        rows.append(("output length", f"{o.exact} of {o.checked} got max_tokens exactly, {o.fewer} fewer, {o.more} "
+                                      f"more ({o.token_count_source} counts)"))
+    return rows
+
+
+def server_lines(server: ServerMetrics) -> list[tuple[str, str]]:
+    """The server's own view (its /metrics) as (name, text) rows."""
+    rows = [("server metrics", f"{server.engine} at {server.url}: {server.scrapes} scrapes every "
+                               f"{server.interval_s or 0:g} s")]
+    for label, gauge, scale, unit in (("running", server.running, 1, ""), ("waiting", server.waiting, 1, ""),
+                                      ("KV cache", server.kv_cache_usage, 100, "%")):
+        if gauge is not None:
+            rows.append((f"  {label}", f"mean {gauge.mean * scale:.3g}{unit}, max {gauge.max * scale:.3g}{unit}"))
+    if server.prefix_cache_hit_rate is not None:
+        rows.append(("  prefix-cache hits", f"{server.prefix_cache_hit_rate:.1%}"))
+    if server.counters:
+        rows.append(("  counters", ", ".join(f"{k} {v:,.6g}" for k, v in server.counters.items())))
+    for name, h in server.histograms.items():
+        rows.append((f"  {name.removesuffix('_s')}", f"mean {_ms(h.mean)} ms, p50 {_ms(h.p50)}, p99 {_ms(h.p99)} ms "
+                                                    f"(n {h.n})"))
+    return rows
+
+
+def checks_table(summary: RunSummary) -> Table | None:
+    rows = []
+    if summary.server is not None:
+        rows.extend(server_lines(summary.server))
+    if summary.self_checks is not None:
+        rows.extend(self_check_lines(summary.self_checks))
+    if not rows:
+        return None
+    table = Table(title="self-checks and the server's view", title_justify="left", show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    for name, value in rows:
+        table.add_row(name, Text(value))
+    return table
+
+
 def estimate_table(block: PredictionBlock) -> Table:
     inputs = ", ".join(f"{k} {v:g}" for k, v in block.inputs.items())
     table = Table(title=Text(f"vs {block.method}: {block.model} on {block.hardware} ({inputs})"), title_justify="left")
@@ -118,12 +180,34 @@ def sweep_table(summary: SweepSummary) -> Table:
     table = Table(title=f"sweep over {parameter}: saturation {sweep.saturation_output_tok_s or 0:,.1f} out tok/s "
                         f"at {sweep.saturation_load or 0:g}, knee at {parameter}={sweep.knee_load or 0:g}",
                   title_justify="left")
+    checked = any(point.self_checks is not None for point in summary.points)
     for column in (parameter, "req/s", "out tok/s", "TTFT p50 ms", "TPOT p50 ms", "E2E p99 ms", "errors"):
         table.add_column(column, justify="right")
+    if checked:
+        table.add_column("self-check")
     for point in summary.points:
-        table.add_row(f"{point.sweep_value or 0:g}", f"{point.request_s:.3f}", f"{point.output_tok_s:,.1f}",
-                      _ms(point.ttft_s.p50), _ms(point.tpot_s.p50), _ms(point.e2e_s.p99), str(point.failed))
+        row = [f"{point.sweep_value or 0:g}", f"{point.request_s:.3f}", f"{point.output_tok_s:,.1f}",
+               _ms(point.ttft_s.p50), _ms(point.tpot_s.p50), _ms(point.e2e_s.p99), str(point.failed)]
+        if checked:
+            row.append(self_check_flag(point.self_checks))
+        table.add_row(*row)
     return table
+
+
+def self_check_flag(checks: SelfChecks | None) -> str:
+    """One word or a few for a sweep level: ok, or which self-check failed (details in its summary.json)."""
+    if checks is None:
+        return "-"
+    from speedlimit.bench.selfcheck import LATE_SHARE_BAD
+
+    flags = []
+    if checks.client is not None and checks.client.bottleneck:
+        flags.append("CLIENT-BOUND")
+    if checks.arrivals is not None and checks.arrivals.late > LATE_SHARE_BAD * checks.arrivals.requests:
+        flags.append("sent late")
+    if checks.output_length is not None and (checks.output_length.more or checks.output_length.fewer):
+        flags.append("lengths off")
+    return ", ".join(flags) or "ok"
 
 
 def print_summary(console: Console, summary: RunSummary | SweepSummary) -> None:
@@ -132,6 +216,9 @@ def print_summary(console: Console, summary: RunSummary | SweepSummary) -> None:
         return
     console.print(summary_table(summary))
     console.print(totals_table(summary))
+    checks = checks_table(summary)
+    if checks is not None:
+        console.print(checks)
     if summary.estimate is not None:
         console.print(estimate_table(summary.estimate))
 
@@ -144,6 +231,11 @@ def print_warnings(console: Console, summary: RunSummary | SweepSummary) -> None
         seen.extend(w for w in point.warnings if w not in seen)
     for warning in seen:
         console.print(Text("warning: ", style="bold yellow") + Text(warning), soft_wrap=True)
+    notes: list[str] = []
+    for point in points:
+        notes.extend(n for n in point.notes if n not in notes)
+    for note in notes:
+        console.print(Text("note: ", style="bold") + Text(note), soft_wrap=True)
 
 
 def print_interrupted(console: Console, summary: RunSummary | SweepSummary, out: Path | None) -> None:

@@ -85,6 +85,24 @@ def _about(results: Results) -> list[tuple[str, str]]:
     return rows
 
 
+def _server(results: Results, out_dir: Path) -> dict[str, Any] | None:
+    """The server's own view of a single run: its summary block as rows, and the server_metrics.jsonl series plot."""
+    from speedlimit.bench.server_metrics import load_series
+    from speedlimit.cli.bench_view import self_check_lines, server_lines
+
+    summary = results.summary
+    if summary is None or results.sweep is not None:
+        return None
+    source_dir = results.source if results.source.is_dir() else results.source.parent
+    series = load_series(source_dir / "server_metrics.jsonl")
+    rows = server_lines(summary.server) if summary.server is not None else []
+    checks = self_check_lines(summary.self_checks) if summary.self_checks is not None else []
+    if not rows and not checks and len(series) < 2:
+        return None
+    return {"rows": [(name.strip(), text) for name, text in rows], "checks": checks,
+            "image": _image(plots.plot_server_metrics(series, out_dir / "server_metrics.png"))}
+
+
 def _summary(summary: RunSummary, recomputed: bool) -> dict[str, Any]:
     rows = [
         ("requests", _number(summary.requests)),
@@ -265,6 +283,7 @@ def render_report(results: Results, out_dir: Path | None = None, predicted: Resu
         "distributions": _image(plots.plot_distributions(requests, results.summary, out_dir / "distributions.png")) if requests else None,
         "comparison": _comparison(results, out_dir),
         "timeline": _image(plots.plot_timeline(requests, out_dir / "timeline.png")) if requests else None,
+        "server": _server(results, out_dir),
         "errors": _errors(results),
     }
     page = _environment.get_template("report.html.j2").render(context)

@@ -282,3 +282,71 @@ def plot_overlay(runs: list[tuple[str, RunSummary]], out_path: Path) -> Path | N
         ax.legend(fontsize=8)
     fig.suptitle("Latency percentiles on the same axes")
     return _save(fig, out_path)
+
+
+# --------------------------------------------------------------------------------------------
+# the server's own metrics (bench's server_metrics.jsonl)
+
+
+def server_series(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plotted series of a server_metrics.jsonl: time, running/waiting requests, KV-cache use (%), and prompt and
+    generation tok/s between consecutive scrapes (counter differences; a reset restarts from zero)."""
+    from speedlimit.bench.server_metrics import COUNTERS, GAUGES, detect_engine
+
+    engine = next((detect_engine(r["samples"]) for r in rows if r["samples"]), "unknown")
+    t = np.array([float(r.get("t_s") or 0.0) for r in rows], dtype=float)
+
+    def column(names: tuple[str, ...]) -> np.ndarray | None:
+        name = next((n for n in names if any(n in r["samples"] for r in rows)), None)
+        if name is None:
+            return None
+        return np.array([r["samples"].get(name) if r["samples"].get(name) is not None else np.nan for r in rows],
+                        dtype=float)
+
+    gauges = {key: column(names) for key, names in GAUGES.get(engine, {}).items()}
+    rates = {}
+    for key in ("prompt_tokens", "generation_tokens"):
+        values = column(COUNTERS.get(engine, {}).get(key, ()))
+        if values is not None and values.size > 1:
+            steps = np.diff(values)
+            steps = np.where(steps < 0, values[1:], steps)  # a counter reset
+            dt = np.diff(t)
+            rates[key] = np.where(dt > 0, steps / np.where(dt > 0, dt, 1.0), np.nan)
+    return {"engine": engine, "t": t, "gauges": gauges, "rates": rates}
+
+
+def plot_server_metrics(rows: list[dict[str, Any]], out_path: Path) -> Path | None:
+    """The server's view over the run: requests running/waiting, KV-cache use, prompt and generation tok/s."""
+    if len(rows) < 2:
+        return None
+    series = server_series(rows)
+    gauges, rates, t = series["gauges"], series["rates"], series["t"]
+    panels = [p for p in ("requests", "kv", "rates")
+              if (p == "requests" and (gauges.get("running") is not None or gauges.get("waiting") is not None))
+              or (p == "kv" and gauges.get("kv_cache_usage") is not None) or (p == "rates" and rates)]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.5, 3.6), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        if panel == "requests":
+            for key, color, label in (("running", BLUE, "running"), ("waiting", ORANGE, "waiting")):
+                if gauges.get(key) is not None:
+                    ax.step(t, gauges[key], where="post", color=color, label=label)
+            ax.set_title("requests on the server")
+        elif panel == "kv":
+            ax.plot(t, gauges["kv_cache_usage"] * 100, color=BLUE, marker=".", ms=3)
+            ax.set_ylim(0, 105)
+            ax.set_ylabel("%")
+            ax.set_title("KV-cache use")
+        else:
+            mid = (t[1:] + t[:-1]) / 2
+            for key, color, label in (("generation_tokens", BLUE, "generation"), ("prompt_tokens", ORANGE, "prompt")):
+                if key in rates:
+                    ax.plot(mid, rates[key], color=color, marker=".", ms=3, label=label)
+            ax.set_title("server tok/s between scrapes")
+        ax.set_xlabel("s since the scrape before the run")
+        ax.grid(True, alpha=0.25)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(_literal(f"{series['engine']} /metrics: {len(rows)} scrapes"), fontsize=11)
+    return _save(fig, out_path)

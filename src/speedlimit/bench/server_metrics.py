@@ -1,0 +1,408 @@
+"""What the server saw: its Prometheus ``/metrics``, scraped before, during and after a bench run.
+
+vLLM (``vllm:``), SGLang (``sglang:``), TGI (``tgi_``) and llama.cpp's ``llama-server --metrics`` (``llamacpp:``)
+export their own view of a run: requests running and waiting, KV-cache use, prefix-cache hits, token counters and
+(vLLM, SGLang, TGI) latency histograms. The text is parsed with ``prometheus_client.parser`` (the Prometheus project's
+Python client), never by hand. Each scrape becomes one line of ``server_metrics.jsonl`` in the run directory: every
+sample of the server's own families, summed over label sets (histogram buckets keep their ``le``).
+
+`summarize_server` maps the known names onto one typed `ServerMetrics` block: gauges as mean/max over the run's
+scrapes, counters and histograms as the difference between the scrape after the run and the one before it (so what
+other clients sent before the run does not count). Histogram percentiles are estimated from the bucket counts the way
+Prometheus' ``histogram_quantile`` does (linear within a bucket); means are exact (``_sum``/``_count``).
+
+A server without ``/metrics`` (404, 405 or 501 before the run) leaves one note line; an answer that is not Prometheus
+text, an endpoint that hangs or fails mid-run leaves one warning line. None of them fails the run: the scraper stops.
+
+Metric names (checked against each project's docs and source, Dec 2026):
+- vLLM: docs.vllm.ai "Production Metrics" and docs/design/metrics.md (V1: ``kv_cache_usage_perc``,
+  ``prefix_cache_queries/hits``, ``inter_token_latency_seconds``; V0: ``gpu_cache_usage_perc``,
+  ``time_per_output_token_seconds``).
+- SGLang: docs.sglang.io "Production Metrics" (``num_running_reqs``, ``num_queue_reqs``, ``token_usage``,
+  ``cache_hit_rate``, ``cached_tokens_total``, ``queue_time_seconds``).
+- TGI: huggingface.co/docs/text-generation-inference/reference/metrics (``tgi_queue_size``, ``tgi_batch_current_size``,
+  ``tgi_request_*`` histograms).
+- llama.cpp: tools/server/server-task.cpp ``to_metrics`` (``requests_processing``, ``requests_deferred``,
+  ``prompt_tokens_cached_total``; older builds also ``kv_cache_usage_ratio``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from speedlimit.artifacts import ServerGauge, ServerHistogram, ServerMetrics
+
+#: Families kept from a scrape: the engines' own prefixes (process_*/python_* and the like are left out).
+ENGINE_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "tgi_": "tgi", "llamacpp:": "llamacpp"}
+#: Default seconds between scrapes during a run.
+DEFAULT_INTERVAL_S = 1.0
+#: Seconds one scrape may take before it counts as hanging.
+SCRAPE_TIMEOUT_S = 5.0
+#: Samples kept per scrape at most (a server with thousands of label sets would otherwise bloat the file).
+MAX_SAMPLES = 5000
+
+# --- the mapping ---------------------------------------------------------------------------------------------------
+# For each engine: field -> metric names in order of preference (the first one the server exports is used).
+
+GAUGES: dict[str, dict[str, tuple[str, ...]]] = {
+    "vllm": {"running": ("vllm:num_requests_running",), "waiting": ("vllm:num_requests_waiting",),
+             "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")},
+    "sglang": {"running": ("sglang:num_running_reqs",), "waiting": ("sglang:num_queue_reqs",),
+               "kv_cache_usage": ("sglang:token_usage",)},
+    "tgi": {"running": ("tgi_batch_current_size",), "waiting": ("tgi_queue_size",)},
+    "llamacpp": {"running": ("llamacpp:requests_processing",), "waiting": ("llamacpp:requests_deferred",),
+                 "kv_cache_usage": ("llamacpp:kv_cache_usage_ratio",)},
+}
+#: Gauges that are a fraction per engine instance: averaged over label sets, not summed.
+FRACTION_GAUGES = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
+                   "sglang:cache_hit_rate", "llamacpp:kv_cache_usage_ratio", "vllm:gpu_prefix_cache_hit_rate"}
+
+COUNTERS: dict[str, dict[str, tuple[str, ...]]] = {
+    "vllm": {"prompt_tokens": ("vllm:prompt_tokens_total",), "generation_tokens": ("vllm:generation_tokens_total",),
+             "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+             "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+             "preemptions": ("vllm:num_preemptions_total",)},
+    "sglang": {"prompt_tokens": ("sglang:prompt_tokens_total",),
+               "generation_tokens": ("sglang:generation_tokens_total",),
+               "cached_prompt_tokens": ("sglang:cached_tokens_total",)},
+    "tgi": {"prompt_tokens": ("tgi_request_input_length_sum",),
+            "generation_tokens": ("tgi_request_generated_tokens_sum",)},
+    "llamacpp": {"prompt_tokens": ("llamacpp:prompt_tokens_total",),
+                 "generation_tokens": ("llamacpp:tokens_predicted_total",),
+                 "cached_prompt_tokens": ("llamacpp:prompt_tokens_cached_total",),
+                 "prompt_seconds": ("llamacpp:prompt_seconds_total",),
+                 "generation_seconds": ("llamacpp:tokens_predicted_seconds_total",)},
+}
+
+HISTOGRAMS: dict[str, dict[str, tuple[str, ...]]] = {
+    "vllm": {"ttft_s": ("vllm:time_to_first_token_seconds",),
+             "tpot_s": ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds"),
+             "itl_s": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+             "e2e_s": ("vllm:e2e_request_latency_seconds",), "queue_s": ("vllm:request_queue_time_seconds",),
+             "prefill_s": ("vllm:request_prefill_time_seconds",), "decode_s": ("vllm:request_decode_time_seconds",)},
+    "sglang": {"ttft_s": ("sglang:time_to_first_token_seconds",),
+               "tpot_s": ("sglang:time_per_output_token_seconds",),
+               "itl_s": ("sglang:inter_token_latency_seconds",), "e2e_s": ("sglang:e2e_request_latency_seconds",),
+               "queue_s": ("sglang:queue_time_seconds",)},
+    "tgi": {"tpot_s": ("tgi_request_mean_time_per_token_duration",), "e2e_s": ("tgi_request_duration",),
+            "queue_s": ("tgi_request_queue_duration",), "inference_s": ("tgi_request_inference_duration",)},
+    "llamacpp": {},
+}
+
+
+# --- parsing -------------------------------------------------------------------------------------------------------
+
+
+class NotPrometheus(ValueError):
+    """The answer is no Prometheus text exposition."""
+
+
+class MetricsAbsent(NotPrometheus):
+    """The server has no metrics endpoint there (404, 405, 501: e.g. llama-server without --metrics)."""
+
+
+#: Statuses that mean "no metrics here" rather than "metrics broken".
+ABSENT_STATUSES = (404, 405, 501)
+
+
+def _label_key(name: str, labels: dict[str, str]) -> str:
+    return f'{name}{{le="{labels["le"]}"}}' if "le" in labels and name.endswith("_bucket") else name
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample name: value}, samples of the engines' families only, summed over label sets
+    (fractions averaged); histogram buckets keep their bound as ``name{le="0.5"}``. Raises `NotPrometheus` on text
+    the Prometheus parser rejects, or that holds no sample at all."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    any_sample = False
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                any_sample = True
+                if not sample.name.startswith(tuple(ENGINE_PREFIXES)) or "quantile" in sample.labels:
+                    continue  # other families; summaries' quantiles cannot be added up over label sets
+                key = _label_key(sample.name, sample.labels)
+                if key not in sums and len(sums) >= MAX_SAMPLES:
+                    continue
+                sums[key] = sums.get(key, 0.0) + float(sample.value)
+                counts[key] = counts.get(key, 0) + 1
+    except (ValueError, TypeError, IndexError, KeyError) as error:
+        raise NotPrometheus(str(error)[:120] or type(error).__name__) from None
+    if not any_sample:
+        raise NotPrometheus("no metric samples in the answer")
+    return {k: (v / counts[k] if k in FRACTION_GAUGES else v) for k, v in sums.items()}
+
+
+def detect_engine(samples: dict[str, float]) -> str:
+    """vllm | sglang | tgi | llamacpp | unknown: the prefix most samples carry."""
+    tally: dict[str, int] = {}
+    for name in samples:
+        for prefix, engine in ENGINE_PREFIXES.items():
+            if name.startswith(prefix):
+                tally[engine] = tally.get(engine, 0) + 1
+    return max(tally, key=tally.get) if tally else "unknown"
+
+
+# --- summary -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Scrape:
+    t_s: float  # seconds since the scrape before the run (taken just before the run's first request)
+    phase: str  # before | during | after
+    samples: dict[str, float]
+
+    def to_json_line(self) -> str:
+        values = {k: (v if math.isfinite(v) else None) for k, v in self.samples.items()}
+        return json.dumps({"t_s": round(self.t_s, 6), "phase": self.phase, "samples": values},
+                          allow_nan=False) + "\n"
+
+
+def _first(samples: dict[str, float], names: tuple[str, ...]) -> str | None:
+    return next((name for name in names if name in samples), None)
+
+
+def _delta(before: float | None, after: float | None) -> float | None:
+    if after is None:
+        return None
+    if before is None or after < before:  # a counter reset (server restarted): count from zero
+        return after
+    return after - before
+
+
+def _buckets(samples: dict[str, float], family: str) -> dict[float, float]:
+    prefix = family + '_bucket{le="'
+    out = {}
+    for key, value in samples.items():
+        if key.startswith(prefix):
+            bound = key[len(prefix):-2]
+            out[math.inf if bound in ("+Inf", "Inf", "inf") else float(bound)] = value
+    return out
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' histogram_quantile: `q` of cumulative bucket counts {upper bound: count}, linear within the
+    bucket the rank falls in (the lower bound of the first bucket is 0; a rank in +Inf gives the largest finite
+    bound)."""
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf:
+        return None
+    total = buckets[math.inf]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == math.inf:
+                return lower if len(bounds) > 1 else None
+            if count == below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return None
+
+
+def _histogram(before: dict[str, float], after: dict[str, float], family: str) -> ServerHistogram | None:
+    count = _delta(before.get(family + "_count"), after.get(family + "_count"))
+    total = _delta(before.get(family + "_sum"), after.get(family + "_sum"))
+    if not count:
+        return None
+    b0, b1 = _buckets(before, family), _buckets(after, family)
+    buckets = {bound: _delta(b0.get(bound), value) or 0.0 for bound, value in b1.items()}
+    quantile = {f"p{p}": histogram_quantile(p / 100, buckets) for p in (50, 90, 99)}
+    return ServerHistogram(metric=family, n=int(count), mean=total / count if total is not None else None, **quantile)
+
+
+def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, failures: int = 0) -> ServerMetrics:
+    """The server-side block of a run from its scrapes (the first one before the run, the last one after it)."""
+    engine = next((detect_engine(s.samples) for s in scrapes if s.samples), "unknown")
+    block = ServerMetrics(engine=engine, url=url, scrapes=len(scrapes), interval_s=interval_s, failures=failures)
+    if len(scrapes) < 2:
+        return block
+    before, after = scrapes[0].samples, scrapes[-1].samples
+    for name, candidates in GAUGES.get(engine, {}).items():
+        metric = next((m for m in candidates if any(m in s.samples for s in scrapes)), None)
+        if metric is None:
+            continue
+        values = [s.samples[metric] for s in scrapes if metric in s.samples and math.isfinite(s.samples[metric])]
+        if values:
+            setattr(block, name, ServerGauge(metric=metric, mean=sum(values) / len(values), max=max(values),
+                                             last=values[-1]))
+    counters: dict[str, float] = {}
+    for name, candidates in COUNTERS.get(engine, {}).items():
+        metric = _first(after, candidates)
+        value = _delta(before.get(metric), after.get(metric)) if metric else None
+        if value is not None:
+            counters[name] = value
+    block.counters = counters
+    for name, candidates in HISTOGRAMS.get(engine, {}).items():
+        metric = next((m for m in candidates if m + "_count" in after), None)
+        if metric is not None:
+            block.histograms[name] = _histogram(before, after, metric)
+    block.histograms = {k: v for k, v in block.histograms.items() if v is not None}
+    # prefix-cache hits: vLLM counts blocks (hits/queries), SGLang and llama.cpp cached prompt tokens
+    if counters.get("prefix_cache_queries"):
+        block.prefix_cache_hit_rate = counters.get("prefix_cache_hits", 0.0) / counters["prefix_cache_queries"]
+    elif "cached_prompt_tokens" in counters and engine == "llamacpp":
+        seen = counters["cached_prompt_tokens"] + counters.get("prompt_tokens", 0.0)  # llama.cpp excludes cached
+        block.prefix_cache_hit_rate = counters["cached_prompt_tokens"] / seen if seen else None
+    elif "cached_prompt_tokens" in counters and counters.get("prompt_tokens"):
+        block.prefix_cache_hit_rate = counters["cached_prompt_tokens"] / counters["prompt_tokens"]
+    elif engine == "sglang" and "sglang:cache_hit_rate" in after:
+        block.prefix_cache_hit_rate = after["sglang:cache_hit_rate"]
+    return block
+
+
+# --- scraping ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MetricsScraper:
+    """Scrapes `url` before the run (`start`), every `interval_s` during it, and after it (`finish`), appending each
+    scrape to `path` (server_metrics.jsonl) as it arrives. The first failure stops all scraping and becomes
+    `warning`; the run goes on."""
+
+    session: aiohttp.ClientSession
+    url: str
+    interval_s: float = DEFAULT_INTERVAL_S
+    path: Path | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None  # None: SCRAPE_TIMEOUT_S, bounded by 5 intervals (at least 1 s)
+    scrapes: list[Scrape] = field(default_factory=list)
+    warning: str | None = None  # scraping broke (garbage, a hang, an error): the numbers may lack the server's view
+    note: str | None = None  # the server has no metrics endpoint (404 before the run): nothing to scrape
+    failures: int = 0
+    _t0_ns: int = 0
+    _task: asyncio.Task | None = None
+    _file: Any = None
+
+    @property
+    def effective_timeout_s(self) -> float:
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return min(SCRAPE_TIMEOUT_S, max(self.interval_s * 5, 1.0))
+
+    @property
+    def alive(self) -> bool:
+        return self.warning is None and self.note is None
+
+    async def _get(self) -> dict[str, float]:
+        timeout = aiohttp.ClientTimeout(total=self.effective_timeout_s)
+        async with self.session.get(self.url, headers=self.headers, timeout=timeout) as response:
+            if response.status in ABSENT_STATUSES:
+                raise MetricsAbsent(f"HTTP {response.status}")
+            if response.status != 200:
+                raise NotPrometheus(f"HTTP {response.status}")
+            text = await response.text(errors="replace")
+        return await asyncio.to_thread(parse_metrics, text)  # parsing a big vLLM page takes ms: off the loop
+
+    async def scrape(self, phase: str) -> bool:
+        if not self.alive:
+            return False
+        t_s = (time.perf_counter_ns() - self._t0_ns) / 1e9
+        try:
+            samples = await self._get()
+        except (asyncio.TimeoutError, TimeoutError):
+            self._fail(f"GET {self.url} did not answer within {self.effective_timeout_s:g} s")
+            return False
+        except MetricsAbsent as error:
+            if not self.scrapes:  # a server without metrics: nothing is wrong with the run's numbers
+                self.failures += 1
+                self.note = (f"server metrics: GET {self.url} answered {error}: the server exports no Prometheus "
+                             "metrics there, so there is no server-side block (--metrics-url URL if they are "
+                             "elsewhere; --no-server-metrics skips the scrape)")
+            else:
+                self._fail(f"GET {self.url} gave no Prometheus metrics ({error})")
+            return False
+        except NotPrometheus as error:
+            self._fail(f"GET {self.url} gave no Prometheus metrics ({error})")
+            return False
+        except (aiohttp.ClientError, OSError, UnicodeError) as error:
+            self._fail(f"GET {self.url} failed ({str(error)[:120] or type(error).__name__})")
+            return False
+        scrape = Scrape(t_s, phase, samples)
+        self.scrapes.append(scrape)
+        if self._file is not None:
+            self._file.write(scrape.to_json_line())
+            self._file.flush()
+        return True
+
+    def _fail(self, why: str) -> None:
+        self.failures += 1
+        if self.warning is None:
+            where = "before the run" if not self.scrapes else f"after {len(self.scrapes)} scrape(s)"
+            self.warning = (f"server metrics: {why} {where}; no further scrapes (the run itself is unaffected; "
+                            "--no-server-metrics skips them)")
+
+    async def start(self, t0_ns: int | None = None) -> None:
+        """The scrape before the run, then the periodic ones in the background."""
+        self._t0_ns = t0_ns if t0_ns is not None else time.perf_counter_ns()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("w", encoding="utf-8")
+        if await self.scrape("before"):
+            self._task = asyncio.create_task(self._loop())
+
+    def abort(self) -> None:
+        """Stop without the scrape after (the run was cancelled); what was scraped stays on disk."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    async def _loop(self) -> None:
+        while self.alive:
+            await asyncio.sleep(self.interval_s)
+            await self.scrape("during")
+
+    async def finish(self) -> None:
+        """Stop the periodic scrapes and take the one after the run."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            await self.scrape("after")
+        finally:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def summary(self) -> ServerMetrics | None:
+        if not self.scrapes:
+            return None
+        return summarize_server(self.scrapes, url=self.url, interval_s=self.interval_s, failures=self.failures)
+
+
+def load_series(path: Path) -> list[dict[str, Any]]:
+    """The lines of a server_metrics.jsonl (bad lines skipped: a killed run may leave a half line)."""
+    rows = []
+    try:
+        with Path(path).open(encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("samples"), dict):
+                    rows.append(row)
+    except OSError:
+        return []
+    return rows

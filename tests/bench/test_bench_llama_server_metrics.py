@@ -1,0 +1,50 @@
+"""bench's server-side view against llama.cpp's real C++ `llama-server --metrics` (4 slots, the bundled SmolLM2-135M):
+the series file, the typed server block, request ids on every record, and the self-checks. No speed is asserted."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from speedlimit.artifacts import RunSummary
+
+pytestmark = pytest.mark.server
+
+REQUESTS = 16
+OUTPUT_TOKENS = 24
+
+
+def test_bench_scrapes_llama_server_metrics_into_series_and_server_block(llama_cpp_server, tmp_path, run_cli):
+    out = tmp_path / "run"
+    code, stdout, stderr = run_cli(["bench", "--url", llama_cpp_server.base_url, "--requests", str(REQUESTS),
+                                    "--concurrency", "4", "--output-tokens", str(OUTPUT_TOKENS), "--prompt-tokens",
+                                    "32", "--metrics-interval", "0.2", "--no-progress", "--out", str(out)])
+    assert code == 0, stderr
+    assert "server metrics" not in stderr  # no warning, no note: the endpoint is there and parses
+
+    rows = [json.loads(line) for line in (out / "server_metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["phase"] == "before" and rows[-1]["phase"] == "after"
+    assert any(r["phase"] == "during" for r in rows)
+    assert all("llamacpp:tokens_predicted_total" in r["samples"] for r in rows)
+    assert max(r["samples"]["llamacpp:requests_processing"] for r in rows) >= 1  # seen busy mid-run
+
+    summary = RunSummary.load(out / "summary.json")
+    server = summary.server
+    assert server.engine == "llamacpp" and server.scrapes == len(rows) and server.failures == 0
+    assert server.running.metric == "llamacpp:requests_processing" and server.running.max <= 4
+    assert server.waiting.metric == "llamacpp:requests_deferred"
+    # the server's own count of what it generated during the run is exactly what bench counted (usage)
+    assert server.counters["generation_tokens"] == summary.output_tokens == REQUESTS * OUTPUT_TOKENS
+    assert server.counters["prompt_tokens"] + server.counters.get("cached_prompt_tokens", 0) >= REQUESTS
+    assert server.histograms == {}  # llama.cpp exports no latency histograms
+    checks = summary.self_checks
+    assert checks.ttft_vs_server is None and checks.output_length.exact == REQUESTS
+    assert checks.client.wall_s > 0 and checks.client.loop_lag_samples > 0
+
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len({r["request_id"] for r in records}) == REQUESTS
+    assert all(uuid.UUID(r["request_id"]).version == 4 for r in records)
+    assert all(r["server_request_id"] for r in records)  # llama-server's chunk id (chatcmpl-/cmpl-...)
+    assert "server metrics" in stdout and "llamacpp" in stdout

@@ -1,0 +1,346 @@
+"""Server /metrics: parsing real-format Prometheus text of vLLM, SGLang, TGI and llama.cpp, mapping it onto the
+summary's server block, and the scraper's failure modes (one warning, never a failed run)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import aiohttp
+import pytest
+
+from speedlimit.bench.server_metrics import (MetricsScraper, NotPrometheus, Scrape, detect_engine, histogram_quantile,
+                                             load_series, parse_metrics, summarize_server)
+
+# vLLM V1 as `curl /metrics` prints it (prometheus_client's exposition: float values, _created samples, labels).
+VLLM_BEFORE = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1000.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 100.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1000.0
+vllm:prompt_tokens_created{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.7330e+09
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 500.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.02",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.04",model_name="meta-llama/Llama-3.1-8B-Instruct"} 5.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 10.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 10.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 10.0
+# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.
+# TYPE process_cpu_seconds_total counter
+process_cpu_seconds_total 123.4
+"""
+
+
+def vllm_after() -> str:
+    """The same server after a run of 100 requests: TTFT of 20 in (0.02, 0.04], 80 in (0.04, 0.1]."""
+    text = VLLM_BEFORE
+    for old, new in [
+        ("vllm:num_requests_running{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.0",
+         "vllm:num_requests_running{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.0"),
+        ("prefix_cache_queries_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 1000.0",
+         "prefix_cache_queries_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 13800.0"),
+        ("prefix_cache_hits_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 100.0",
+         "prefix_cache_hits_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 3300.0"),
+        ("vllm:prompt_tokens_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 1000.0",
+         "vllm:prompt_tokens_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 13800.0"),
+        ("generation_tokens_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 500.0",
+         "generation_tokens_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 6900.0"),
+        ("seconds_sum{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 1.0",
+         "seconds_sum{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 7.0"),
+        ("le=\"0.04\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 5.0",
+         "le=\"0.04\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 25.0"),
+        ("le=\"0.1\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 10.0",
+         "le=\"0.1\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 110.0"),
+        ("le=\"+Inf\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 10.0",
+         "le=\"+Inf\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 110.0"),
+        ("seconds_count{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 10.0",
+         "seconds_count{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 110.0"),
+    ]:
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+def vllm_during(running: float, kv: float) -> str:
+    return (VLLM_BEFORE
+            .replace('vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0',
+                     f'vllm:num_requests_running{{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}} {running}')
+            .replace('vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0',
+                     f'vllm:kv_cache_usage_perc{{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}} {kv}'))
+
+
+# SGLang, from its "Production Metrics" page (values shortened).
+SGLANG = """\
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} {prompt}
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} {gen}
+# HELP sglang:cached_tokens_total Number of cached prompt tokens.
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} {cached}
+# HELP sglang:token_usage The token usage
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.28
+# HELP sglang:cache_hit_rate The cache hit rate
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.007507552643049313
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 12.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
+# HELP sglang:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_sum{model_name="meta-llama/Llama-3.1-8B-Instruct"} {tsum}
+sglang:time_to_first_token_seconds_bucket{le="0.1",model_name="meta-llama/Llama-3.1-8B-Instruct"} {b1}
+sglang:time_to_first_token_seconds_bucket{le="0.2",model_name="meta-llama/Llama-3.1-8B-Instruct"} {b2}
+sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} {b2}
+sglang:time_to_first_token_seconds_count{model_name="meta-llama/Llama-3.1-8B-Instruct"} {b2}
+"""
+
+# TGI's exporter (metrics-exporter-prometheus): no HELP lines, bare names.
+TGI = """\
+# TYPE tgi_queue_size gauge
+tgi_queue_size 4
+# TYPE tgi_batch_current_size gauge
+tgi_batch_current_size 16
+# TYPE tgi_request_duration histogram
+tgi_request_duration_bucket{le="0.5"} {d1}
+tgi_request_duration_bucket{le="1"} {d2}
+tgi_request_duration_bucket{le="+Inf"} {d2}
+tgi_request_duration_sum {dsum}
+tgi_request_duration_count {d2}
+# TYPE tgi_request_generated_tokens histogram
+tgi_request_generated_tokens_bucket{le="64"} {d2}
+tgi_request_generated_tokens_bucket{le="+Inf"} {d2}
+tgi_request_generated_tokens_sum {gen}
+tgi_request_generated_tokens_count {d2}
+"""
+
+# llama.cpp's llama-server --metrics (tools/server/server-task.cpp to_metrics: stringstream numbers).
+LLAMACPP = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total {prompt}
+# HELP llamacpp:prompt_tokens_cached_total Number of prompt tokens reused from the cache
+# TYPE llamacpp:prompt_tokens_cached_total counter
+llamacpp:prompt_tokens_cached_total {cached}
+# HELP llamacpp:prompt_seconds_total Total time spent processing prompts
+# TYPE llamacpp:prompt_seconds_total counter
+llamacpp:prompt_seconds_total 2.90363
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total {gen}
+# HELP llamacpp:prompt_tokens_seconds Average prompt throughput in tokens/s
+# TYPE llamacpp:prompt_tokens_seconds gauge
+llamacpp:prompt_tokens_seconds 2.37151
+# HELP llamacpp:requests_processing Number of requests processing
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing {running}
+# HELP llamacpp:requests_deferred Number of requests deferred
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 0
+"""
+
+
+def fill(template: str, **values) -> str:
+    for key, value in values.items():
+        template = template.replace("{" + key + "}", str(value))
+    return template
+
+
+def scrapes(*texts: str) -> list[Scrape]:
+    phases = ["before"] + ["during"] * (len(texts) - 2) + ["after"]
+    return [Scrape(float(i), phase, parse_metrics(text)) for i, (phase, text) in enumerate(zip(phases, texts))]
+
+
+def test_parse_keeps_engine_families_sums_labels_and_keys_buckets_by_bound():
+    samples = parse_metrics(VLLM_BEFORE)
+    assert samples["vllm:prompt_tokens_total"] == 1000.0
+    assert samples['vllm:time_to_first_token_seconds_bucket{le="0.04"}'] == 5.0
+    assert samples['vllm:time_to_first_token_seconds_bucket{le="+Inf"}'] == 10.0
+    assert not any(name.startswith("process_") for name in samples)
+    two_engines = VLLM_BEFORE + VLLM_BEFORE.replace('engine="0"', 'engine="1"').replace(
+        "# HELP", "# XHELP").replace("# TYPE", "# XTYPE")
+    summed = parse_metrics(two_engines)
+    assert summed["vllm:prompt_tokens_total"] == 2000.0  # counters add up over data-parallel engines
+    assert summed["vllm:kv_cache_usage_perc"] == 0.0  # fractions are averaged, not added
+    summary_family = ('# TYPE tgi_x summary\ntgi_x{quantile="0.5"} 3\ntgi_x{quantile="0.99"} 9\n'
+                      "tgi_x_sum 12\ntgi_x_count 4\n")
+    assert parse_metrics(summary_family) == {"tgi_x_sum": 12.0, "tgi_x_count": 4.0}
+
+
+@pytest.mark.parametrize("text, engine", [
+    (VLLM_BEFORE, "vllm"),
+    (fill(SGLANG, prompt=1, gen=1, cached=0, tsum=0, b1=0, b2=0), "sglang"),
+    (fill(TGI, d1=0, d2=0, dsum=0, gen=0), "tgi"),
+    (fill(LLAMACPP, prompt=0, cached=0, gen=0, running=0), "llamacpp"),
+])
+def test_detect_engine(text, engine):
+    assert detect_engine(parse_metrics(text)) == engine
+
+
+@pytest.mark.parametrize("text", ["<html><body>Welcome</body></html>\n", "", "# just a comment\n",
+                                  "vllm:num_requests_running{engine=0 1\n"])
+def test_text_that_is_not_prometheus_is_rejected(text):
+    with pytest.raises(NotPrometheus):
+        parse_metrics(text)
+
+
+def test_histogram_quantile_interpolates_like_prometheus():
+    buckets = {0.02: 0.0, 0.04: 20.0, 0.1: 100.0, math.inf: 100.0}
+    assert histogram_quantile(0.1, buckets) == pytest.approx(0.02 + 0.02 * 10 / 20)
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.04 + 0.06 * 30 / 80)
+    assert histogram_quantile(0.99, {1.0: 50.0, math.inf: 100.0}) == 1.0  # rank in +Inf: largest finite bound
+    assert histogram_quantile(0.5, {1.0: 0.0, math.inf: 0.0}) is None
+    assert histogram_quantile(0.5, {1.0: 3.0}) is None  # no +Inf bucket: not a histogram
+
+
+def test_vllm_run_maps_onto_the_server_block():
+    block = summarize_server(scrapes(VLLM_BEFORE, vllm_during(8.0, 0.5), vllm_during(4.0, 0.25), vllm_after()),
+                             url="http://h/metrics", interval_s=1.0)
+    assert block.engine == "vllm" and block.scrapes == 4
+    assert block.running.metric == "vllm:num_requests_running"
+    assert block.running.mean == pytest.approx(3.0) and block.running.max == 8.0
+    assert block.kv_cache_usage.max == 0.5
+    assert block.counters["prompt_tokens"] == 12800 and block.counters["generation_tokens"] == 6400
+    assert block.prefix_cache_hit_rate == pytest.approx(3200 / 12800)
+    ttft = block.histograms["ttft_s"]
+    assert ttft.n == 100 and ttft.mean == pytest.approx(6.0 / 100)  # only the run: after minus before
+    assert ttft.p50 == pytest.approx(0.04 + 0.06 * 30 / 80)
+    assert "tpot_s" not in block.histograms  # not exported: no block, not a zero
+
+
+def test_sglang_tgi_and_llamacpp_map():
+    sglang = summarize_server(scrapes(fill(SGLANG, prompt=100, gen=10, cached=0, tsum=1.0, b1=4, b2=10),
+                                      fill(SGLANG, prompt=1100, gen=510, cached=250, tsum=3.0, b1=14, b2=30)),
+                              url="u", interval_s=1)
+    assert sglang.running.mean == 12 and sglang.waiting.mean == 3 and sglang.kv_cache_usage.mean == 0.28
+    assert sglang.counters == {"prompt_tokens": 1000, "generation_tokens": 500, "cached_prompt_tokens": 250}
+    assert sglang.prefix_cache_hit_rate == pytest.approx(0.25)
+    assert sglang.histograms["ttft_s"].n == 20 and sglang.histograms["ttft_s"].mean == pytest.approx(0.1)
+
+    tgi = summarize_server(scrapes(fill(TGI, d1=1, d2=2, dsum=1.0, gen=100),
+                                   fill(TGI, d1=5, d2=12, dsum=8.0, gen=740)), url="u", interval_s=1)
+    assert tgi.waiting.mean == 4 and tgi.running.mean == 16
+    assert tgi.counters["generation_tokens"] == 640
+    assert tgi.histograms["e2e_s"].n == 10 and tgi.histograms["e2e_s"].mean == pytest.approx(0.7)
+    assert "ttft_s" not in tgi.histograms
+
+    llama = summarize_server(scrapes(fill(LLAMACPP, prompt=10, cached=0, gen=5, running=0),
+                                     fill(LLAMACPP, prompt=70, cached=20, gen=65, running=3),
+                                     fill(LLAMACPP, prompt=130, cached=40, gen=125, running=0)),
+                             url="u", interval_s=1)
+    assert llama.engine == "llamacpp" and llama.running.max == 3
+    assert llama.counters["prompt_tokens"] == 120 and llama.counters["generation_tokens"] == 120
+    assert llama.prefix_cache_hit_rate == pytest.approx(40 / 160)  # llama.cpp's prompt count excludes cached ones
+    assert llama.histograms == {}
+
+
+def test_a_counter_reset_counts_from_zero_and_one_scrape_gives_no_deltas():
+    reset = summarize_server(scrapes(fill(LLAMACPP, prompt=500, cached=0, gen=500, running=0),
+                                     fill(LLAMACPP, prompt=30, cached=0, gen=20, running=0)), url="u", interval_s=1)
+    assert reset.counters["generation_tokens"] == 20
+    single = summarize_server(scrapes(VLLM_BEFORE, VLLM_BEFORE)[:1], url="u", interval_s=1)
+    assert single.scrapes == 1 and single.counters == {} and single.running is None
+
+
+class _MetricsApp:
+    """A tiny aiohttp server whose /metrics does what `behaviour` says."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.hits = 0
+
+    async def handle(self, request):
+        from aiohttp import web
+
+        self.hits += 1
+        if self.behaviour == "404":
+            return web.Response(status=404, text="not found")
+        if self.behaviour == "garbage":
+            return web.Response(text="<html>hi</html>", content_type="text/html")
+        if self.behaviour == "hang":
+            await asyncio.sleep(2)
+        if self.behaviour == "flaky" and self.hits > 2:
+            return web.Response(status=500, text="boom")
+        return web.Response(text=VLLM_BEFORE, content_type="text/plain")
+
+
+async def _scrape_with(behaviour: str, tmp_path, run_s: float = 0.25):
+    from aiohttp import web
+
+    app_state = _MetricsApp(behaviour)
+    app = web.Application()
+    app.router.add_get("/metrics", app_state.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            scraper = MetricsScraper(session, f"http://127.0.0.1:{port}/metrics", interval_s=0.05,
+                                     path=tmp_path / "server_metrics.jsonl", timeout_s=0.3)
+            await scraper.start()
+            await asyncio.sleep(run_s)
+            await scraper.finish()
+            return scraper
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("behaviour, why", [("garbage", "no Prometheus metrics"),
+                                            ("hang", "did not answer within 0.3 s")])
+def test_a_broken_endpoint_gives_one_warning_and_stops_scraping(behaviour, why, tmp_path):
+    scraper = asyncio.run(_scrape_with(behaviour, tmp_path))
+    assert scraper.warning is not None and why in scraper.warning and "\n" not in scraper.warning
+    assert scraper.note is None
+    assert scraper.failures == 1 and scraper.scrapes == [] and scraper.summary() is None
+
+
+def test_no_endpoint_is_a_note_not_a_warning(tmp_path):
+    scraper = asyncio.run(_scrape_with("404", tmp_path))
+    assert scraper.warning is None and "HTTP 404" in scraper.note and "\n" not in scraper.note
+    assert scraper.failures == 1 and scraper.scrapes == [] and scraper.summary() is None
+
+
+def test_scrapes_before_during_after_are_written_as_they_come(tmp_path):
+    scraper = asyncio.run(_scrape_with("ok", tmp_path))
+    rows = load_series(tmp_path / "server_metrics.jsonl")
+    assert [r["phase"] for r in rows][0] == "before" and rows[-1]["phase"] == "after"
+    assert sum(r["phase"] == "during" for r in rows) >= 2
+    assert rows[0]["samples"]["vllm:prompt_tokens_total"] == 1000.0
+    assert [r["t_s"] for r in rows] == sorted(r["t_s"] for r in rows)
+    assert scraper.warning is None and scraper.summary().engine == "vllm"
+
+
+def test_a_scrape_failing_mid_run_keeps_what_came_before(tmp_path):
+    scraper = asyncio.run(_scrape_with("flaky", tmp_path))
+    assert len(scraper.scrapes) == 2 and "after 2 scrape(s)" in scraper.warning
+    assert scraper.summary().scrapes == 2
+    lines = (tmp_path / "server_metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["samples"] for line in lines)
