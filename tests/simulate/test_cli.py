@@ -132,17 +132,18 @@ def test_out_refuses_a_run_unless_force_with_benchs_check(cli, tmp_path, monkeyp
 
 
 def test_out_writes_exactly_benchs_files(cli, tmp_path):
-    """The files bench writes for a run (`RUN_FILES`) and for a sweep (its level folders, `{parameter}_{value:g}`)."""
-    from speedlimit.bench.runner import RUN_FILES
+    """The files every bench run writes (`RECORD_FILES`; a simulated engine exports no /metrics) and a sweep's level
+    folders, `{parameter}_{value:g}`."""
+    from speedlimit.bench.runner import RECORD_FILES
 
     code, _, err = cli(*BASE, "--rate", "4", "--requests", "5", "--out", str(tmp_path / "one"))
     assert code == 0, err
-    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == sorted(RUN_FILES)
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == sorted(RECORD_FILES)
     code, _, err = cli(*BASE, "--sweep", "rate=0.5,2", "--requests", "5", "--out", str(tmp_path / "two"))
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["rate_0.5", "rate_2", "summary.json"]
     for level in ("rate_0.5", "rate_2"):
-        assert sorted(p.name for p in (tmp_path / "two" / level).iterdir()) == sorted(RUN_FILES)
+        assert sorted(p.name for p in (tmp_path / "two" / level).iterdir()) == sorted(RECORD_FILES)
 
 
 ISSUE_FLAGS = [  # issue 12, "The command": estimate's model/hardware/precision/KV/TP options, bench's load, the engine

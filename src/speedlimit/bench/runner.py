@@ -41,8 +41,11 @@ MAX_CONCURRENCY = 100_000
 #: Distinct prompts built at most, and the prompt tokens they may hold together; past either, prompts cycle.
 MAX_PROMPT_POOL = 10_000
 PROMPT_TOKEN_BUDGET = 50_000_000
-#: Files and folders a bench run writes into --out; an --out that holds any of them holds a run.
-RUN_FILES = ("requests.jsonl", "summary.json", "server_metrics.jsonl")
+#: What every run writes into --out, measured (bench) or predicted (simulate).
+RECORD_FILES = ("requests.jsonl", "summary.json")
+#: Files a bench run may write into --out (the server's metrics when it exports them); an --out that holds any
+#: of them holds a run.
+RUN_FILES = (*RECORD_FILES, "server_metrics.jsonl")
 
 
 def _finite(name: str, value: float | None) -> None:
