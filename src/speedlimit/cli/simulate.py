@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from speedlimit.artifacts import RunSummary, SweepSummary, write_records
-from speedlimit.cli.options import scenario_options
+from speedlimit.cli.options import flag_option, scenario_options
 from speedlimit.errors import SpeedlimitError
 
 
@@ -113,13 +113,13 @@ def simulate_command(
                                                   "at a time, llama-cpp-python's server)."),
     max_seqs: Optional[int] = typer.Option(None, help="Running-sequence cap (default 256; serial: 1)."),
     max_batched_tokens: Optional[int] = typer.Option(None, help="Token budget per step (default 8192; serial: 512)."),
-    chunked_prefill: bool = typer.Option(True, help="Split prompts over steps within the token budget (else "
-                                                    "prefill-first steps of whole prompts)."),
+    chunked_prefill: bool = flag_option("--chunked-prefill/--no-chunked-prefill", "Split prompts over steps within "
+                                        "the token budget (else prefill-first steps of whole prompts).", default=True),
     block_size: int = typer.Option(16, help="KV-cache block size in tokens (paged attention)."),
     kv_tokens: Optional[int] = typer.Option(None, help="KV-cache capacity in tokens (default: memory beside the "
                                                        "weights; llama-server: its -c)."),
     out: Optional[Path] = typer.Option(None, help="Directory for requests.jsonl and summary.json (bench's files)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+    json_output: bool = flag_option("--json/--no-json", "Print the summary as JSON on stdout.", default=False),
 ) -> None:
     """Predict a serving engine under load, in bench's terms: TTFT/ITL/TPOT/E2E percentiles, throughput, goodput."""
     from speedlimit.bench.metrics import parse_slo
