@@ -721,7 +721,7 @@ def test_bench_tokenizer_with_an_empty_vocabulary_is_refused(isolated: Path, fau
           needle="not a working tokenizer")
 
 
-@FUZZ
+@settings(FUZZ, max_examples=max(5, FUZZ.max_examples // 4))  # a report is rendered for each run that finishes
 @given(mode=st.sampled_from(FAULT_MODES), flags=st.lists(st.sampled_from(["--json", "--skip-preflight", "--no-count-tokens"]),
                                                        max_size=2))
 def test_bench_out_against_a_faulty_server_writes_a_reportable_run(isolated: Path, faulty: FaultyOpenAIServer, mode: str,
