@@ -101,3 +101,57 @@ def test_overlay_of_different_kinds_is_a_one_line_error(tmp_path, kind):
     with pytest.raises(SpeedlimitError, match=fragment) as error:
         build_report(tmp_path / "m", tmp_path / "out", tmp_path / "p")
     assert "\n" not in str(error.value)
+
+
+def _simulate(*argv: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "speedlimit.cli", "simulate", "-m", "smollm2-135m", "-H", "rtx-4090",
+                           "--prompt-tokens", "128", "--output-tokens", "32", *argv], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_simulate_out_overlays_on_a_measured_run(tmp_path):
+    """Real `simulate --out` output (not a hand-made summary) as the --predicted side of a report."""
+    measured = measured_run(tmp_path / "measured")
+    _simulate("--concurrency", "1", "--requests", "30", "--out", str(tmp_path / "predicted"))
+    done = subprocess.run([sys.executable, "-m", "speedlimit.cli", "report", str(measured), "--predicted",
+                           str(tmp_path / "predicted"), "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    overlay = text[text.index('<section id="overlay">'):]
+    overlay = overlay[: overlay.index("</section>")]
+    predicted = RunSummary.load(tmp_path / "predicted" / "summary.json")
+    assert predicted.source == "simulate"
+    shown = f"{predicted.ttft_s.p50 * 1e3:.2f} ms"
+    assert re.search(rf'<td class="text">TTFT p50</td><td>[0-9.,]+ ms</td><td>{re.escape(shown)}</td><td>[0-9.]+×</td>', overlay)
+    assert "(simulate)" in overlay and (tmp_path / "out" / "overlay.png").read_bytes().startswith(PNG_MAGIC)
+    # and the predicted run on its own draws like a bench run
+    assert build_report(tmp_path / "predicted").is_file()
+
+
+def test_simulate_sweep_out_overlays_on_a_measured_sweep(tmp_path):
+    measured = sweep("bench", [50, 95, 170, 190], [0.05, 0.06, 0.09, 0.2])
+    measured.save(tmp_path / "measured" / "summary.json")
+    _simulate("--sweep", "concurrency=1,2,4,8", "--requests", "16", "--out", str(tmp_path / "predicted"))
+    predicted = SweepSummary.load(tmp_path / "predicted" / "summary.json")
+    text = build_report(tmp_path / "measured", tmp_path / "out", tmp_path / "predicted").read_text(encoding="utf-8")
+    assert sections(text) >= {"sweep", "overlay"}
+    overlay = text[text.index('<section id="overlay">'):]
+    rows = re.findall(r'<tr><td>([0-9.]+)</td><td class="text">output tok/s</td><td>([0-9.,]+)</td><td>([0-9.,]+)</td>', overlay)
+    assert [r[0] for r in rows] == ["1", "2", "4", "8"]
+    assert [float(r[2].replace(",", "")) for r in rows] == pytest.approx([p.output_tok_s for p in predicted.points], rel=0.01)
+    assert build_report(tmp_path / "predicted").is_file()
+
+
+def test_report_of_a_simulated_run_above_saturation_says_the_queue_grows(tmp_path):
+    _simulate("--rate", "5000", "--requests", "300", "--max-seqs", "8", "--out", str(tmp_path / "over"))
+    predicted = RunSummary.load(tmp_path / "over" / "summary.json")
+    rate = predicted.simulation["saturation_request_s"]
+    text = build_report(tmp_path / "over").read_text(encoding="utf-8")
+    summary = text[text.index('<section id="summary">'):]
+    summary = " ".join(summary[: summary.index("</section>")].split())
+    assert "grows without bound" in summary and f"saturation rate {rate:.3g} req/s" in summary
+    _simulate("--sweep", "rate=1,5000", "--requests", "200", "--max-seqs", "8", "--out", str(tmp_path / "sweep"))
+    text = " ".join(build_report(tmp_path / "sweep").read_text(encoding="utf-8").split())
+    assert "At rate 5000, the offered rate 5000 req/s exceeds" in text and "At rate 1," not in text

@@ -95,3 +95,94 @@ def test_duration_and_dataset(cli, tmp_path):
     assert code == 0, err
     rows = [r for r in iter_records(tmp_path / "ds" / "requests.jsonl")]
     assert sorted({(r.prompt_tokens, r.output_tokens) for r in rows}) == [(5, 7), (300, 9)]
+
+
+def test_out_refuses_a_run_unless_force_with_benchs_check(cli, tmp_path, monkeypatch):
+    """simulate --out uses bench's own check (one function): a directory holding a run is refused before any work,
+    --force replaces it, and a file is never an --out."""
+    import speedlimit.bench.runner as runner
+
+    out = tmp_path / "run"
+    code, _, err = cli(*BASE, "--concurrency", "2", "--requests", "6", "--out", str(out))
+    assert code == 0, err
+    before = (out / "requests.jsonl").read_bytes()
+    calls = []
+    original = runner.check_out_dir
+    monkeypatch.setattr(runner, "check_out_dir", lambda *a, **k: (calls.append(a), original(*a, **k))[1])
+    code, out_text, err = cli(*BASE, "--concurrency", "2", "--requests", "9", "--out", str(out))
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert "already holds a run" in err and "--force" in err
+    assert calls and (out / "requests.jsonl").read_bytes() == before  # untouched
+    code, _, err = cli(*BASE, "--concurrency", "2", "--requests", "9", "--out", str(out), "--force")
+    assert code == 0, err
+    assert len(list(iter_records(out / "requests.jsonl"))) == 9
+    # a sweep over a single run's directory: refused, then replaced (the old run's files gone)
+    code, _, err = cli(*BASE, "--sweep", "concurrency=1,2", "--requests", "4", "--out", str(out))
+    assert code == 2 and "already holds a run" in err
+    code, _, err = cli(*BASE, "--sweep", "concurrency=1,2", "--requests", "4", "--out", str(out), "--force")
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["concurrency_1", "concurrency_2", "summary.json"]
+    # and a single run over the sweep: its level folders are removed too
+    code, _, err = cli(*BASE, "--requests", "3", "--out", str(out), "--force")
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["requests.jsonl", "summary.json"]
+    (tmp_path / "file").write_text("x")
+    code, _, err = cli(*BASE, "--requests", "3", "--out", str(tmp_path / "file"))
+    assert code == 2 and "is a file" in err
+
+
+def test_out_writes_exactly_benchs_files(cli, tmp_path):
+    """The files bench writes for a run (`RUN_FILES`) and for a sweep (its level folders, `{parameter}_{value:g}`)."""
+    from speedlimit.bench.runner import RUN_FILES
+
+    code, _, err = cli(*BASE, "--rate", "4", "--requests", "5", "--out", str(tmp_path / "one"))
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == sorted(RUN_FILES)
+    code, _, err = cli(*BASE, "--sweep", "rate=0.5,2", "--requests", "5", "--out", str(tmp_path / "two"))
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["rate_0.5", "rate_2", "summary.json"]
+    for level in ("rate_0.5", "rate_2"):
+        assert sorted(p.name for p in (tmp_path / "two" / level).iterdir()) == sorted(RUN_FILES)
+
+
+ISSUE_FLAGS = [  # issue 12, "The command": estimate's model/hardware/precision/KV/TP options, bench's load, the engine
+    "--model", "--hardware", "--weights", "--kv", "--compute", "--tp", "--ideal", "--bw-efficiency",
+    "--flops-efficiency", "--step-overhead", "--concurrency", "--rate", "--burstiness", "--requests", "--duration",
+    "--prompt-tokens", "--output-tokens", "--dataset", "--seed", "--sweep", "--slo", "--json", "--out", "--force",
+    "--engine", "--max-seqs", "--max-batched-tokens", "--chunked-prefill", "--no-chunked-prefill",
+]
+
+
+def test_help_lists_every_flag_the_issue_names(cli, monkeypatch):
+    import re
+
+    monkeypatch.setenv("COLUMNS", "250")  # rich truncates long option names to fit a narrow terminal
+    code, out, err = cli("simulate", "--help")
+    assert code == 0, err
+    shown = set(re.findall(r"--[a-z][a-z-]*", out))
+    assert not [flag for flag in ISSUE_FLAGS if flag not in shown]
+
+
+def test_burstiness_draws_benchs_gamma_arrivals(cli, tmp_path):
+    import statistics
+
+    from speedlimit.bench.workload import arrival_offsets_s
+
+    code, out, err = cli(*BASE, "--rate", "4", "--burstiness", "0.25", "--requests", "40", "--seed", "5",
+                         "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    starts = [r.start_ns for r in iter_records(tmp_path / "run" / "requests.jsonl")]
+    offsets = arrival_offsets_s(40, 4.0, 0.25, 5)
+    assert sorted(starts) == [int(o * 1e9 + 0.5) for o in offsets]
+
+    def variation(times):  # coefficient of variation of the gaps: 1 for Poisson, 1/sqrt(shape) for gamma
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        return statistics.pstdev(gaps) / statistics.mean(gaps)
+
+    assert variation(offsets) > 1.2 * variation(arrival_offsets_s(40, 4.0, 1.0, 5))  # burstier than Poisson
+
+
+def test_a_tiny_rate_with_a_duration_sends_what_falls_inside_it(cli):
+    code, out, err = cli(*BASE, "--rate", "1e-300", "--duration", "5", "--json")
+    assert code == 0, err
+    assert json.loads(out)["requests"] == 1  # the first send is at 0 s; the next would be ~1e300 s later

@@ -9,6 +9,8 @@ from tests.simulate.test_cli import BASE, cli  # noqa: F401  (the fixture)
 
 @pytest.mark.parametrize("argv,needle", [
     (("--rate", "-1"), "--rate"),
+    (("--rate", "1e-300", "--requests", "3"), "simulated time"),
+    (("--rate", "1e-8", "--burstiness", "0.01", "--requests", "50"), "simulated time"),
     (("--concurrency", "2", "--rate", "3"), "exactly one"),
     (("--concurrency", "0"), "--concurrency"),
     (("--requests", "0"), "--requests"),

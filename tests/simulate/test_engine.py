@@ -147,3 +147,12 @@ def test_ttft_is_non_decreasing_in_rate(rate, factor, seed):
         workload = build_workload(rate=r, requests=150, prompt_tokens="uniform:100:1500", output_tokens=64, seed=seed)
         ttft.append(run_workload(step, engine, workload, saturation={"request_s": math.inf, "output_tok_s": 0}).summary.ttft_s.mean)
     assert ttft[1] >= ttft[0] * 0.97
+
+
+def test_the_queue_is_first_in_first_out():
+    engine = EngineConfig(max_seqs=3, max_batched_tokens=2048)
+    arrivals = [0.001 * i for i in range(30)]  # all arrive well before the first ones finish
+    raw = _run([200] * 30, [40] * 30, engine, arrivals=arrivals)
+    order = sorted(range(raw.n), key=lambda i: (raw.scheduled[i], i))
+    assert order == list(range(30))  # admitted in arrival order
+    assert max(raw.step_waiting) > 20

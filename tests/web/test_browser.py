@@ -243,3 +243,96 @@ def test_api_docs_render_offline(browser, server_url):
     assert page.locator(".opblock-summary-path", has_text="/api/estimate").count() == 1
     assert all(url.startswith(server_url) for url in network), [u for u in network if not u.startswith(server_url)]
     page.close()
+
+
+def _settle_serving(page, renders_before: int, errors_before: int | None = None) -> None:
+    """Wait until the serving view drew a newer simulation (or showed a newer error) and has none in flight."""
+    page.wait_for_function(
+        "([n, e]) => window.speedlimit && !window.speedlimit.simPending"
+        " && (window.speedlimit.simRenders > n || (e !== null && window.speedlimit.simErrors > e))",
+        arg=[renders_before, errors_before], timeout=30000)
+
+
+def test_serving_view_draws_latency_and_throughput_against_load(browser, server_url, tmp_path):
+    """Choose concurrency, then rate, and set an SLO: the chart, the knee / saturation / SLO cards and the notes show
+    exactly what POST /api/simulate (and so `speedlimit simulate --sweep`) computes."""
+    from fastapi.testclient import TestClient
+
+    from speedlimit.web.app import create_app
+
+    api = TestClient(create_app())
+    page = browser.new_page(viewport={"width": 1400, "height": 1400})
+    page.goto(f"{server_url}/?model=llama-3.1-8b&hardware=h100-sxm&prompt=512&output=128&sim_values=1,4,16,64")
+    _settle_serving(page, 0)
+    data = page.evaluate("window.speedlimit.simLast")
+    expected = api.post("/api/simulate", json={"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "16",
+                                               "kv": "fp16", "batch": 1, "prompt": 512, "output": 128, "tp": 1,
+                                               "ideal": False, "load": "concurrency", "values": [1, 4, 16, 64],
+                                               "engine": "continuous"}).json()
+    assert [p["load"] for p in data["points"]] == [1, 4, 16, 64]
+    assert data["points"] == expected["points"]
+    assert float(page.locator("#sim-knee").get_attribute("data-value")) == expected["knee_load"]
+    assert float(page.locator("#sim-saturation").get_attribute("data-value")) == expected["saturation_output_tok_s"]
+    assert page.locator("#sim-slo-max").inner_text() == "–"
+    names = page.locator("#serving-chart .legendtext").evaluate_all("els => els.map(e => e.textContent)")
+    assert {"TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "output tok/s"} <= set(names)
+    assert page.locator("#serving-chart .scatterlayer .trace").count() == 5
+    assert "knee" in page.locator("#serving-chart").text_content()
+    assert page.locator("#sim-command").inner_text().startswith("speedlimit simulate -m llama-3.1-8b -H h100-sxm")
+
+    # an SLO: the highest concurrency meeting it, as the API says
+    before = page.evaluate("window.speedlimit.simRenders")
+    page.locator("#sim-slo-ttft").fill("150")
+    page.locator("#sim-slo-tpot").fill("12")
+    _settle_serving(page, before)
+    data = page.evaluate("window.speedlimit.simLast")
+    assert data["slo"] == {"ttft": 0.15, "tpot": 0.012}
+    shown = page.locator("#sim-slo-max").get_attribute("data-value")
+    assert (float(shown) if shown else None) == data["slo_max_load"]
+    assert "TTFT 150 ms" in page.locator("#sim-slo-sub").inner_text()
+    assert "slo_ttft=150" in page.url and "slo_tpot=12" in page.url
+
+    # rate: default levels around the engine's saturation rate; past it, the page says the queue grows
+    before = page.evaluate("window.speedlimit.simRenders")
+    page.locator("#sim-values").fill("")
+    page.locator("#sim-load").select_option("rate")
+    page.locator("#sim-max-seqs").fill("16")
+    _settle_serving(page, before)
+    data = page.evaluate("window.speedlimit.simLast")
+    assert data["parameter"] == "rate" and data["saturation_request_s"] > 0
+    assert "saturates at" in page.locator("#sim-saturation-sub").inner_text()
+    notes = page.locator("#sim-notes li").all_inner_texts()
+    assert notes and all("grows without bound" in note for note in notes)
+    assert "sim_load=rate" in page.url and "sim_max_seqs=16" in page.url
+    assert "arrival rate" in page.locator("#serving-chart").text_content()
+    page.screenshot(path=str(tmp_path / "serving.png"), full_page=True)
+    keep = os.environ.get("SPEEDLIMIT_SCREENSHOT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / "serving.png", Path(keep) / "serving.png")
+
+    # bad input: one line from the API on the page, the last good chart kept (dimmed)
+    before, errors = page.evaluate("[window.speedlimit.simRenders, window.speedlimit.simErrors]")
+    page.locator("#sim-values").fill("0,2")
+    _settle_serving(page, before, errors)
+    assert "positive" in page.locator("#sim-error").inner_text()
+    assert page.evaluate("window.speedlimit.simRenders") == before
+    before, errors = page.evaluate("[window.speedlimit.simRenders, window.speedlimit.simErrors]")
+    page.locator("#sim-values").fill("1,x")
+    _settle_serving(page, before, errors)
+    assert "not a number" in page.locator("#sim-error").inner_text()
+    page.locator("#sim-values").fill("1,2")
+    _settle_serving(page, before)
+    assert page.locator("#sim-error").is_hidden()
+    page.close()
+
+
+def test_serving_view_shows_hostile_url_values_as_text(browser, server_url):
+    page = browser.new_page()
+    hostile = "<img src=x onerror=alert(1)>"
+    page.goto(f"{server_url}/?model=llama-3.1-8b&output=64&sim_engine={hostile}&sim_values=1,2")
+    _settle_serving(page, 0, 0)
+    assert page.locator("#serving img").count() == 0
+    assert page.locator("#sim-engine").input_value() == hostile  # sent as given, refused by the API
+    assert "engine" in page.locator("#sim-error").inner_text()
+    page.close()

@@ -152,7 +152,7 @@ def check_out_dir(out: Path | None, force: bool = False) -> None:
     if out.is_dir() and not force:
         previous = _previous_run(out)
         if previous:
-            raise SpeedlimitError(f"--out {out} already holds a bench run ({', '.join(sorted(p.name for p in previous))}"
+            raise SpeedlimitError(f"--out {out} already holds a run ({', '.join(sorted(p.name for p in previous))}"
                                   "): give a fresh directory, or pass --force to replace that run")
 
 

@@ -53,18 +53,9 @@ def simulation_table(summary: RunSummary) -> Table:
     return table
 
 
-def saturation_note(summary: RunSummary) -> str | None:
-    sim = summary.simulation or {}
-    if not sim.get("saturated") or sim.get("saturation_request_s") is None:
-        return None
-    rate = summary.offered_load.rate if summary.offered_load else None
-    return (f"the offered rate {rate:g} req/s exceeds the engine's saturation rate "
-            f"{sim['saturation_request_s']:.3g} req/s ({sim['saturation_output_tok_s']:,.0f} output tok/s): the queue "
-            f"grows without bound (it reached {sim['queue']['max']:,} waiting); latencies grow with the run's length")
-
-
 def print_simulation(console: Console, summary: RunSummary | SweepSummary) -> None:
     from speedlimit.cli.bench_view import summary_table, sweep_table, totals_table
+    from speedlimit.simulator.api import saturation_note
 
     if isinstance(summary, SweepSummary):
         console.print(sweep_table(summary))
@@ -118,12 +109,14 @@ def simulate_command(
     block_size: int = typer.Option(16, help="KV-cache block size in tokens (paged attention)."),
     kv_tokens: Optional[int] = typer.Option(None, help="KV-cache capacity in tokens (default: memory beside the "
                                                        "weights; llama-server: its -c)."),
-    out: Optional[Path] = typer.Option(None, help="Directory for requests.jsonl and summary.json (bench's files)."),
+    out: Optional[Path] = typer.Option(None, help="Directory for requests.jsonl and summary.json (bench's files; "
+                                                  "not one that holds a run already, unless --force)."),
+    force: bool = flag_option("--force/--no-force", "Replace the run already in --out.", default=False),
     json_output: bool = flag_option("--json/--no-json", "Print the summary as JSON on stdout.", default=False),
 ) -> None:
     """Predict a serving engine under load, in bench's terms: TTFT/ITL/TPOT/E2E percentiles, throughput, goodput."""
     from speedlimit.bench.metrics import parse_slo
-    from speedlimit.bench.runner import parse_sweep
+    from speedlimit.bench.runner import check_out_dir, parse_sweep, prepare_out_dir
     from speedlimit.estimator.api import resolve
     from speedlimit.scenario import scenario_from
     from speedlimit.simulator.api import build_workload, engine_config, run_workload, with_sequence_overhead
@@ -135,6 +128,7 @@ def simulate_command(
     config = engine_config(engine, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
                            chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step)
     slo_bounds = parse_slo(slo)
+    check_out_dir(out, force)  # bench's check, before any work: never a file, never over a run unless --force
     workload_options = dict(burstiness=burstiness, requests=requests, duration_s=duration, prompt_tokens=prompt_tokens,
                             output_tokens=output_tokens, dataset=dataset, seed=seed)
     if sweep:
@@ -145,8 +139,9 @@ def simulate_command(
                      for v in values]
         summary, runs = run_sweep(step, config, parameter, values, workloads, slo_bounds, knee_fraction)
         if out is not None:
+            prepare_out_dir(out, force)
             for value, result in zip(values, runs):
-                point_dir = out / f"{parameter}_{value:g}"
+                point_dir = out / f"{parameter}_{value:g}"  # bench's level folders
                 point_dir.mkdir(parents=True, exist_ok=True)
                 write_records(point_dir / "requests.jsonl", result.records)
                 result.summary.save(point_dir / "summary.json")
@@ -158,7 +153,7 @@ def simulate_command(
         result = run_workload(step, config, workload, slo_bounds)
         summary = result.summary
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
+            prepare_out_dir(out, force)
             write_records(out / "requests.jsonl", result.records)
             summary.save(out / "summary.json")
     if json_output:

@@ -23,6 +23,7 @@ from speedlimit.artifacts import PredictionBlock, RunSummary, SweepSummary
 from speedlimit.errors import SpeedlimitError
 from speedlimit.report import plots
 from speedlimit.report.results import Progress, Results, load_results
+from speedlimit.simulator.api import saturation_note
 from speedlimit.units import format_count, format_seconds
 
 LATENCY_METRICS = {"ttft_s", "itl_s", "tpot_s", "e2e_s"}
@@ -98,6 +99,9 @@ def _summary(summary: RunSummary, recomputed: bool) -> dict[str, Any]:
     latency = [[name] + [format_seconds(getattr(getattr(summary, attr), q)) for q in ("mean", "p50", "p90", "p95", "p99")]
                for attr, name in plots.LATENCIES]
     note = "Computed from requests.jsonl: there is no summary.json beside it." if recomputed else ""
+    saturated = saturation_note(summary)
+    if saturated:
+        note = (note + " " if note else "") + "Predicted: " + saturated + "."
     return {"rows": rows, "latency": latency, "note": note}
 
 
@@ -112,6 +116,10 @@ def _sweep(sweep: SweepSummary, out_dir: Path, predicted: SweepSummary | None) -
         knee = "No knee in this sweep."
     if info.slo_max_load is not None:
         knee += f" The highest {parameter} that meets the SLOs: {info.slo_max_load:g}."
+    for point in plots.sweep_points(sweep):
+        saturated = saturation_note(point)
+        if saturated:
+            knee += f" At {parameter} {point.sweep_value:g}, {saturated}."
     rows = [[f"{p.sweep_value:g}", _number(p.output_tok_s), format_seconds(p.ttft_s.p50), format_seconds(p.ttft_s.p99),
              format_seconds(p.tpot_s.p50), format_seconds(p.itl_s.p50), format_seconds(p.itl_s.p99), format_seconds(p.e2e_s.p50),
              _number(p.failed)] for p in plots.sweep_points(sweep)]

@@ -37,6 +37,8 @@ SLO_ATTAINMENT = 0.99
 #: Requests in the closed-loop run that measures the saturation rate (at concurrency = the engine's slots).
 SATURATION_REQUESTS = (200, 4000)
 MAX_REQUESTS = 10_000_000
+#: Latest send time an open-loop workload may have (about 32 years): beyond it times lose their nanoseconds.
+MAX_SIMULATED_S = 1e9
 
 
 @dataclass
@@ -169,6 +171,11 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
     arrivals = None
     if plan.rate is not None:
         arrivals = arrival_offsets_s(n_requests, plan.rate, plan.burstiness, seed)
+        sent = arrivals if plan.duration_s is None else [a for a in arrivals if a < plan.duration_s]
+        last = max(sent, default=0.0)
+        if not math.isfinite(last) or last > MAX_SIMULATED_S:
+            raise SpeedlimitError(f"--rate {plan.rate:g} spreads {n_requests:,} requests over {last:.3g} s of simulated "
+                                  f"time (at most {MAX_SIMULATED_S:.0e} s): raise the rate or send fewer requests")
     return Workload(prompts=prompts, outputs=outputs, concurrency=plan.concurrency, rate=plan.rate,
                     burstiness=plan.burstiness, requests=plan.requests, duration_s=plan.duration_s,
                     arrivals=arrivals, seed=seed,
@@ -254,12 +261,14 @@ def build_records(raw: RawRun) -> list[RequestRecord]:
     return records
 
 
-def saturation_point(step: StepModel, engine: EngineConfig, workload: Workload) -> dict[str, float]:
+def saturation_point(step: StepModel, engine: EngineConfig, workload: Workload,
+                     requests: int | None = None) -> dict[str, float]:
     """The engine's sustainable rate for this workload: a closed-loop run with every slot busy, in steady state
-    (completions between the 20th and 80th percentile, so the fill and the drain don't count)."""
+    (completions between the 20th and 80th percentile, so the fill and the drain don't count). ``requests``: the
+    run's length (default: six waves of the engine's slots, within `SATURATION_REQUESTS`)."""
     slots = engine.slots
     low, high = SATURATION_REQUESTS
-    n = int(min(high, max(low, 6 * slots)))
+    n = int(min(high, max(low, 6 * slots))) if requests is None else _whole("requests", requests, 1, MAX_REQUESTS)
     raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, concurrency=slots, requests=n)
     ends = sorted(raw.end_times[s] for s in raw.last_step)
     a, b = int(0.2 * len(ends)), int(0.8 * len(ends)) - 1
@@ -269,6 +278,19 @@ def saturation_point(step: StepModel, engine: EngineConfig, workload: Workload) 
         request_s = (b - a) / (ends[b] - ends[a])
     mean_output = sum(raw.output) / len(raw.output)
     return {"request_s": request_s, "output_tok_s": request_s * mean_output, "concurrency": slots}
+
+
+def saturation_note(summary: RunSummary) -> str | None:
+    """For a simulated open-loop run above the engine's saturation rate: that the queue grows without bound, and the
+    saturation rate (None for any other run, bench's included)."""
+    sim = summary.simulation or {}
+    if not sim.get("saturated") or sim.get("saturation_request_s") is None:
+        return None
+    rate = summary.offered_load.rate if summary.offered_load else None
+    offered = "the offered rate" if rate is None else f"the offered rate {rate:g} req/s"
+    return (f"{offered} exceeds the engine's saturation rate "
+            f"{sim['saturation_request_s']:.3g} req/s ({sim['saturation_output_tok_s']:,.0f} output tok/s): the queue "
+            f"grows without bound (it reached {sim['queue']['max']:,} waiting); latencies grow with the run's length")
 
 
 def _series(values: Sequence[float], idx: np.ndarray, digits: int = 4) -> list[float]:
@@ -393,11 +415,12 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None
 
 def sweep(step: StepModel, engine: EngineConfig, parameter: str, values: Sequence[float],
           workloads: Sequence[Workload], slo: dict[str, float] | None = None,
-          knee_fraction: float = 0.9) -> tuple[SweepSummary, list[Simulation]]:
+          knee_fraction: float = 0.9, *, saturation: dict[str, float] | None = None
+          ) -> tuple[SweepSummary, list[Simulation]]:
     """One simulated run per load level (``workloads[i]`` at ``values[i]``), the knee, the saturation throughput
-    and the highest load that meets the SLOs (≥ 99% of its requests meet every bound, and so does every lower load)."""
+    and the highest load that meets the SLOs (≥ 99% of its requests meet every bound, and so does every lower load).
+    ``saturation``: the engine's saturation rate (`saturation_point`) when already measured."""
     runs: list[Simulation] = []
-    saturation = None
     for value, workload in zip(values, workloads):
         if workload.arrivals is not None and saturation is None:
             saturation = saturation_point(step, engine, workload)

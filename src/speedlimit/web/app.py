@@ -6,6 +6,9 @@ Endpoints (OpenAPI docs at ``/docs``):
   ``speedlimit estimate --json`` prints).
 - ``POST /api/curve``: same body (plus optional ``batches``) -> the estimate, the batch curve with
   its knee and the roofline (`speedlimit.estimator.curves`); the page makes one such call per change.
+- ``POST /api/simulate``: same body plus the load (``load``, ``values``, ``requests``, ``seed``), the engine
+  (``engine``, ``max_seqs``, ``max_batched_tokens``, ``chunked_prefill``) and ``slo`` -> the serving view: a
+  simulated load sweep, bounded to about a second of work (`speedlimit.web.serving`).
 - ``GET /api/models``, ``GET /api/hardware``: the catalogs.
 - ``GET /`` the page, ``/static/*`` its assets, ``/vendor/plotly.min.js`` the chart library served
   from the installed ``plotly`` wheel, ``/docs`` Swagger UI from the files inside the installed ``fastapi-offline`` wheel
@@ -184,6 +187,15 @@ def create_app() -> FastAPI:
         result = batch_curve(scenario.model, scenario.hardware, batches=request.batches, **inputs)
         result["roofline"] = roofline(result["estimate"])
         return finite_json(result)
+
+    from speedlimit.web.serving import SimulateRequest, simulate_view  # it builds on EstimateRequest above
+
+    def simulate_endpoint(request: SimulateRequest) -> dict[str, Any]:
+        return finite_json(simulate_view(request, request.scenario(web_model(request))))
+
+    simulate_endpoint.__annotations__["request"] = SimulateRequest  # a class from this scope, not a global name
+    app.post("/api/simulate", summary="The serving view: a simulated load sweep (what `speedlimit simulate --sweep` "
+                                      "reports), within about a second of work")(simulate_endpoint)
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.mount("/vendor/swagger-ui", StaticFiles(directory=SWAGGER_UI_DIR), name="swagger-ui")

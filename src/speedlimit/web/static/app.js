@@ -9,7 +9,8 @@ const $ = (id) => document.getElementById(id);
 
 // Test/inspection hook: how many results were drawn and whether a request is in flight.
 // renders: results drawn (cards); cardSeq/chartSeq: the request each was drawn from (charts follow on the next frame).
-window.speedlimit = { renders: 0, pending: false, last: null, cardSeq: 0, chartSeq: 0, lastMs: null, lastFetchMs: null, lastChartMs: null };
+window.speedlimit = { renders: 0, pending: false, last: null, cardSeq: 0, chartSeq: 0, lastMs: null, lastFetchMs: null, lastChartMs: null,
+  simRenders: 0, simPending: false, simLast: null, simErrors: 0 };
 
 let seq = 0;
 let timer = null;
@@ -117,12 +118,37 @@ function stateFromUrl() {
   return state;
 }
 
+// The serving view's controls, kept in the URL beside the estimate's (only what differs from the defaults).
+const SIM_DEFAULTS = { sim_load: "concurrency", sim_values: "", sim_engine: "continuous", sim_max_seqs: "", slo_ttft: "", slo_tpot: "" };
+const SIM_IDS = { sim_load: "sim-load", sim_values: "sim-values", sim_engine: "sim-engine", sim_max_seqs: "sim-max-seqs", slo_ttft: "sim-slo-ttft", slo_tpot: "sim-slo-tpot" };
+
+function readSimState() {
+  const state = {};
+  for (const [key, id] of Object.entries(SIM_IDS)) state[key] = $(id).value.trim();
+  return state;
+}
+
+function simStateFromUrl() {
+  const q = new URLSearchParams(window.location.search);
+  const state = { ...SIM_DEFAULTS };
+  for (const key of Object.keys(SIM_DEFAULTS)) if (q.has(key)) state[key] = q.get(key).slice(0, 200);
+  return state;
+}
+
+function writeSimState(state) {
+  for (const [key, id] of Object.entries(SIM_IDS)) {
+    if ($(id).tagName === "SELECT") selectValue($(id), state[key] || SIM_DEFAULTS[key], `${state[key]} (as given)`);
+    else $(id).value = state[key];
+  }
+}
+
 function stateToUrl(state) {
   const q = new URLSearchParams();
   for (const [key, value] of Object.entries(state)) {
     if (key === "ideal") { if (value) q.set("ideal", "1"); }
     else q.set(key, String(value));
   }
+  for (const [key, value] of Object.entries(readSimState())) if (value !== SIM_DEFAULTS[key]) q.set(key, value);
   const usingConfig = $("config").value.trim() !== "";
   if (usingConfig) q.set("config", "pasted");  // the config itself stays on this page
   window.history.replaceState(null, "", "?" + q.toString());
@@ -152,6 +178,7 @@ function scheduleUpdate() {
   window.speedlimit.pending = true;
   clearTimeout(timer);
   timer = setTimeout(update, DEBOUNCE_MS);
+  scheduleServing();
 }
 
 async function update() {
@@ -339,6 +366,141 @@ function renderCurve(data, e) {
   Plotly.react("curve-chart", traces, layout, PLOT_CONFIG);
 }
 
+// ---------------------------------------------------------------- serving view (POST /api/simulate)
+// A simulation takes up to about a second: wait for the controls to settle, and let only the newest answer draw.
+const SIM_DEBOUNCE_MS = 350;
+let simSeq = 0;
+let simTimer = null;
+let simController = null;
+
+function simRequestBody() {
+  const body = requestBody(readState());
+  const sim = readSimState();
+  body.load = sim.sim_load;
+  if (sim.sim_values) {
+    const values = sim.sim_values.split(",").map((v) => v.trim()).filter((v) => v !== "");
+    const numbers = values.map(Number);
+    const bad = values.find((v, i) => !isFinite(numbers[i]));
+    if (bad !== undefined) throw new Error(`levels: "${bad}" is not a number (give numbers separated by commas)`);
+    body.values = numbers;
+  }
+  body.engine = sim.sim_engine;
+  if (sim.sim_max_seqs) body.max_seqs = Number(sim.sim_max_seqs);
+  const slo = [];
+  if (sim.slo_ttft) slo.push(`ttft=${sim.slo_ttft}ms`);
+  if (sim.slo_tpot) slo.push(`tpot=${sim.slo_tpot}ms`);
+  if (slo.length) body.slo = slo.join(",");
+  return body;
+}
+
+function scheduleServing() {
+  window.speedlimit.simPending = true;
+  clearTimeout(simTimer);
+  simTimer = setTimeout(updateServing, SIM_DEBOUNCE_MS);
+}
+
+function showSimError(message) {
+  const box = $("sim-error");
+  box.hidden = !message;
+  box.textContent = message || "";
+  $("sim-cards").classList.toggle("stale", !!message);
+  $("serving-chart").classList.toggle("stale", !!message);
+  if (message) window.speedlimit.simErrors += 1;
+}
+
+async function updateServing() {
+  const mySeq = ++simSeq;
+  let body;
+  try { body = simRequestBody(); } catch (e) { showSimError(e.message); window.speedlimit.simPending = false; return; }
+  if (simController) simController.abort();
+  simController = new AbortController();
+  try {
+    const response = await fetch("/api/simulate", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal: simController.signal,
+    });
+    const data = await response.json();
+    if (mySeq !== simSeq) return;
+    if (!response.ok) { showSimError(data.detail || ("HTTP " + response.status)); return; }
+    showSimError(null);
+    renderServing(data);
+  } catch (e) {
+    if (e.name === "AbortError") return;
+    if (mySeq === simSeq) showSimError("simulation failed: " + e.message);
+  } finally {
+    if (mySeq === simSeq) window.speedlimit.simPending = false;
+  }
+}
+
+function fmtLoad(parameter, value) {
+  if (value === null || value === undefined) return "–";
+  return parameter === "rate" ? `${fmtNum(value)} req/s` : `${fmtInt(value)} clients`;
+}
+
+function setValue(id, text, value) {
+  $(id).textContent = text;
+  $(id).dataset.value = value === null || value === undefined ? "" : String(value);
+}
+
+function renderServing(d) {
+  const p = d.parameter;
+  setValue("sim-knee", fmtLoad(p, d.knee_load), d.knee_load);
+  $("sim-knee-sub").textContent = `${fmtNum(d.knee_output_tok_s)} tok/s, ${Math.round(100 * d.knee_fraction)}% of the best level; more load adds latency`;
+  setValue("sim-saturation", fmtNum(d.saturation_output_tok_s), d.saturation_output_tok_s);
+  $("sim-saturation-sub").textContent = d.saturation_request_s !== null
+    ? `the engine saturates at ${fmtNum(d.saturation_request_s)} req/s (${fmtNum(d.saturation_rate_output_tok_s)} tok/s)`
+    : `best level: ${fmtLoad(p, d.saturation_load)}`;
+  const sloKeys = Object.keys(d.slo || {});
+  if (!sloKeys.length) { setValue("sim-slo-max", "–", null); $("sim-slo-sub").textContent = "set a TTFT or TPOT bound"; }
+  else {
+    setValue("sim-slo-max", d.slo_max_load === null ? "none of these" : fmtLoad(p, d.slo_max_load), d.slo_max_load);
+    $("sim-slo-sub").textContent = "≥ 99% of requests within " + sloKeys.map((k) => `${k.toUpperCase()} ${fmtSeconds(d.slo[k])}`).join(", ");
+  }
+  const notes = $("sim-notes");
+  notes.replaceChildren();
+  for (const note of d.notes) { const li = document.createElement("li"); li.textContent = note; notes.appendChild(li); }
+  $("sim-command").textContent = d.command;
+  const e = d.engine || {};
+  $("sim-caption").textContent = `Predicted TTFT and TPOT (p50, p99) and output throughput against ${p === "rate" ? "the arrival rate" : "concurrency"}: `
+    + `${d.requests_per_level} requests per level, prompt ${fmtInt(d.prompt)} and output ${fmtInt(d.output)} tokens; ${e.model} on ${e.hardware}, `
+    + `${e.mode} engine, up to ${fmtInt(e.max_seqs)} sequences and ${fmtInt(e.max_batched_tokens)} tokens per step`
+    + (e.kv_capacity_tokens ? `, KV cache ${fmtInt(e.kv_capacity_tokens)} tokens.` : ".");
+  if (window.Plotly) renderServingChart(d);
+  else $("serving-chart").textContent = "chart library unavailable (plotly is not installed)";
+  window.speedlimit.simLast = d;
+  window.speedlimit.simRenders += 1;
+}
+
+function renderServingChart(d) {
+  const x = d.points.map((q) => q.load);
+  const ms = (key) => d.points.map((q) => (q[key] === null ? null : q[key] * 1e3));
+  const lat = (key, name, color, dash) => ({ x, y: ms(key), name, mode: "lines+markers", line: { color, dash }, hovertemplate: `${name} %{y:.4g} ms at %{x}<extra></extra>` });
+  const traces = [
+    lat("ttft_p50_s", "TTFT p50", "#2463eb", "solid"), lat("ttft_p99_s", "TTFT p99", "#2463eb", "dash"),
+    lat("tpot_p50_s", "TPOT p50", "#f59e0b", "solid"), lat("tpot_p99_s", "TPOT p99", "#f59e0b", "dash"),
+    { x, y: d.points.map((q) => q.output_tok_s), name: "output tok/s", yaxis: "y2", mode: "lines+markers", line: { color: "#16a34a", width: 3 }, hovertemplate: "%{y:.4s} tok/s at %{x}<extra></extra>" },
+  ];
+  const shapes = [];
+  const annotations = [];
+  // vertical markers, labelled at the top: the knee's label left of its line, the saturation rate's right of its own
+  const vline = (at, color, text, side) => {
+    shapes.push({ type: "line", xref: "x", yref: "paper", x0: at, x1: at, y0: 0, y1: 1, line: { color, dash: "dot", width: 2 } });
+    annotations.push({ x: d.parameter === "rate" ? at : Math.log10(at), y: 1, xref: "x", yref: "paper", text, showarrow: false, yanchor: "bottom", xanchor: side, font: { size: 11, color } });
+  };
+  if (d.knee_load !== null) vline(d.knee_load, "#dc2626", `knee ${fmtNum(d.knee_load)} `, "right");
+  if (d.saturation_request_s !== null) vline(d.saturation_request_s, "#7c3aed", ` saturation ${fmtNum(d.saturation_request_s)} req/s`, "left");
+  for (const [key, bound] of Object.entries(d.slo || {})) {
+    if (key === "ttft" || key === "tpot") shapes.push({ type: "line", xref: "paper", yref: "y", x0: 0, x1: 1, y0: bound * 1e3, y1: bound * 1e3, line: { color: key === "ttft" ? "#2463eb" : "#f59e0b", dash: "dashdot", width: 1 } });
+  }
+  const layout = {
+    title: { text: `Predicted latency and throughput vs ${d.parameter}`, font: { size: 14 }, y: 0.97 },
+    xaxis: { type: d.parameter === "rate" ? "linear" : "log", title: { text: d.parameter === "rate" ? "arrival rate (requests/s)" : "concurrency (clients in flight)" } },
+    yaxis: { type: "log", title: { text: "latency (ms)" }, exponentformat: "SI" },
+    yaxis2: { overlaying: "y", side: "right", title: { text: "output tok/s" }, rangemode: "tozero", exponentformat: "SI", showgrid: false, tickmode: "auto", nticks: 6 },
+    margin: { l: 60, r: 60, t: 52, b: 80 }, legend: { orientation: "h", y: -0.32 }, shapes, annotations,
+  };
+  Plotly.react("serving-chart", traces, layout, PLOT_CONFIG);
+}
+
 // ---------------------------------------------------------------- startup
 function fillSelect(select, items) {
   select.innerHTML = "";
@@ -362,6 +524,7 @@ async function init() {
   fillSelect($("model"), models);
   fillSelect($("hardware"), hardware);
   writeState(stateFromUrl());
+  writeSimState(simStateFromUrl());
   $("controls").addEventListener("input", (event) => {
     const id = event.target.id;
     if (id === "batch-range") $("batch").value = batchFromRange();
@@ -371,6 +534,10 @@ async function init() {
   });
   $("controls").addEventListener("change", scheduleUpdate);
   $("config-clear").addEventListener("click", () => { $("config").value = ""; scheduleUpdate(); });
+  const serving = () => { stateToUrl(readState()); scheduleServing(); };
+  $("serving").addEventListener("input", serving);
+  $("serving").addEventListener("change", serving);
+  scheduleServing();
   await update();
 }
 
