@@ -31,3 +31,11 @@ def test_ci_runs_the_readme_commands_verbatim():
 def test_llama_cpp_python_is_pinned():
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert "llama-cpp-python[server]==0.3.36" in pyproject
+
+
+def test_estimator_only_install_follows_the_two_commands():
+    """Issue 10: the first command compiles llama.cpp for minutes; right after it, the seconds-long install of the
+    estimator alone, for people who only want estimate/serve/bench."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = text.split("```", 2)[2].lstrip().split("\n\n")[0]
+    assert "`pip install .`" in after and "without compiling" in after, after

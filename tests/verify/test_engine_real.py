@@ -77,3 +77,39 @@ def test_verify_is_physical(verify_run: tuple[dict, dict]) -> None:
     for point in result["decode"]:
         assert 0 < point["efficiency"] <= 1.5, point
     assert result["prefill_tok_s_measured"] > 0 and result["ttft_s_measured"] > 0
+
+
+@pytest.mark.parametrize("delay_s", [0.2, 1.0, 2.5])
+def test_sigint_during_verify_keeps_a_partial_result(tmp_path: Path, delay_s: float) -> None:
+    """A real Ctrl-C while llama.cpp runs: no "Exception ignored ... llama_log_callback", no minute of running on,
+    the partial result on disk, exit 130 (issue 10)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "verify.json"
+    process = subprocess.Popen([sys.executable, "-m", "speedlimit.cli", "verify", "--quick", "--array-mib", "8",
+                                "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:  # until the engine passed its pre-flight
+        try:
+            if json.loads(out.read_text()).get("engine"):
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    time.sleep(delay_s)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    stopped_after = time.monotonic() - sent
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    assert stopped_after < 30, f"verify ran on for {stopped_after:.0f} s after the signal"
+    assert stderr.strip().splitlines()[-1].startswith("interrupted by SIGINT"), stderr
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and result["interrupted"] == "SIGINT"
+    assert result["measured_bandwidth_Bps"] > 0 and result["engine"]["name"] == "llama-cpp-python"

@@ -132,3 +132,12 @@ def test_docs_work_offline(client):
         assert client.get(url).status_code == 200, url
     assert len(client.get("/vendor/swagger-ui/swagger-ui-bundle.js").content) > 500_000
     assert client.get("/redoc").status_code == 404  # redoc would load from a CDN
+
+
+def test_a_pasted_config_of_10000_layers_on_apple_m2_ultra_is_estimated_not_422(client):
+    """Issue 10: 7 µs × kernels × 10,000 layers is a per-step overhead over 1 s: slow, not invalid (was 422)."""
+    config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 10_000,
+              "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 4096}
+    response = client.post("/api/estimate", json={"config": config, "hardware": "apple-m2-ultra"})
+    assert response.status_code == 200, response.text
+    assert response.json()["step_overhead_s"] > 1

@@ -234,9 +234,15 @@ async def fit_prompt(tokenizer, target: int, rng: np.random.Generator) -> tuple[
     words = synthetic_text(target + 16, rng)
     tokens = await tokenizer.tokenize(words)
     content = tokens[tokenizer.special_offset:]
-    while len(content) < target:
+    for _ in range(32):  # each round adds `target` words: a working tokenizer needs one or two
+        if len(content) >= target:
+            break
         words += " " + synthetic_text(target, rng)
         content = (await tokenizer.tokenize(words))[tokenizer.special_offset:]
+    else:
+        raise SpeedlimitError(f"the tokenizer turned {len(words.split()):,} words of English into {len(content):,} "
+                              f"tokens, short of the {target:,} asked for: not a working tokenizer for this model "
+                              "(check --tokenizer, or the server's /tokenize)")
     keep = max(1, target - tokenizer.special_offset)
     best: tuple[str, int] | None = None
     for _ in range(8):

@@ -2,10 +2,15 @@
 
 `estimate` (estimate, sweep, models, hardware), `simulate`, `bench` (+ `bench_view`, its tables and progress), `verify`
 (verify, calibrate), `report`, `serve`. Heavy imports happen inside the commands. This file registers them and
-turns `SpeedlimitError` into one line on stderr and exit code 2.
+turns `SpeedlimitError` into one line on stderr and exit code 2, and a Ctrl-C anywhere into ``interrupted`` and exit
+code 130 (`speedlimit.cli.interrupt`).
 """
 
 from __future__ import annotations
+
+from speedlimit.cli import interrupt
+
+_startup = interrupt.exit_on_interrupt()  # a Ctrl-C while the commands below import: "interrupted", exit 130
 
 import sys
 from collections.abc import Callable
@@ -14,15 +19,21 @@ import typer
 
 from speedlimit.cli.bench import bench_command
 from speedlimit.cli.estimate import estimate_command, hardware_command, models_command, sweep_command
+from speedlimit.cli.options import command_class, group_class
 from speedlimit.cli.report import report_command
 from speedlimit.cli.serve import serve_command
 from speedlimit.cli.simulate import simulate_command
 from speedlimit.cli.verify import calibrate_command, verify_command
 from speedlimit.errors import SpeedlimitError
 
+interrupt.restore(_startup)  # from here on a Ctrl-C is a KeyboardInterrupt, caught by the group and by main()
+
 app = typer.Typer(
+    cls=group_class(),
     name="speedlimit",
     help="How fast will this LLM run on this hardware, and how fast is it really running?",
+    epilog="Examples:\n\n" + "\n\n".join(f"  $ {line}" for line in (
+        "speedlimit estimate -m llama-3.1-8b -H h100-sxm", "speedlimit models", "speedlimit estimate --help")),
     add_completion=False,
     pretty_exceptions_enable=False,
 )
@@ -73,7 +84,7 @@ def _root(context: typer.Context) -> None:
 
 
 def _register(name: str, command: Callable[..., None]) -> None:
-    app.command(name, epilog=_epilog(name))(command)
+    app.command(name, epilog=_epilog(name), cls=command_class())(command)
 
 
 # estimate leg
@@ -93,12 +104,15 @@ _register("report", report_command)
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: bad input is one line and exit 2, a Ctrl-C one line and exit 130."""
     try:
-        app()
-    except SpeedlimitError as error:
-        typer.echo(f"error: {error}", err=True)
-        sys.exit(2)
+        try:
+            app()
+        except SpeedlimitError as error:
+            typer.echo(f"error: {error}", err=True)
+            sys.exit(2)
+    except KeyboardInterrupt:
+        interrupt.interrupted()
 
 
 if __name__ == "__main__":

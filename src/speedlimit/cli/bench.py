@@ -22,6 +22,7 @@ from speedlimit.artifacts import RunSummary, SweepSummary
 from speedlimit.bench.client import API_KEY_ENV, Endpoint, run_async
 from speedlimit.bench.compare import replay_for
 from speedlimit.bench.metrics import parse_slo
+from speedlimit.cli.options import flag_option
 from speedlimit.cli.bench_view import LiveProgress, print_interrupted, print_summary, print_warnings
 from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan, check_out_dir, parse_sweep, prepare_out_dir
 from speedlimit.bench.workload import parse_length_spec
@@ -74,19 +75,25 @@ def bench_command(
     timeout: float = typer.Option(600.0, help="Per-request timeout in seconds."),
     out: Optional[Path] = typer.Option(None, help="Directory for requests.jsonl and summary.json (must not hold a "
                                                   "run already, unless --force)."),
-    force: bool = typer.Option(False, "--force", help="Replace the bench run already in --out."),
-    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
-    fail_on_error: bool = typer.Option(False, help="Exit 1 when any request failed."),
-    include_usage: bool = typer.Option(True, help="Ask for usage in the stream (stream_options.include_usage)."),
-    force_output: bool = typer.Option(True, help="Send min_tokens and ignore_eos so outputs reach --output-tokens."),
+    force: bool = flag_option("--force/--no-force", "Replace the bench run already in --out.", default=False),
+    json_output: bool = flag_option("--json/--no-json", "Print the summary as JSON on stdout.", default=False),
+    fail_on_error: bool = flag_option("--fail-on-error/--no-fail-on-error", "Exit 1 when any request failed.",
+                                      default=False),
+    include_usage: bool = flag_option("--include-usage/--no-include-usage", "Ask for usage in the stream "
+                                      "(stream_options.include_usage).", default=True),
+    force_output: bool = flag_option("--force-output/--no-force-output", "Send min_tokens and ignore_eos so outputs "
+                                     "reach --output-tokens.", default=True),
     extra_body: Optional[str] = typer.Option(None, help="JSON object merged into every request body."),
-    count_tokens: bool = typer.Option(True, help="Without usage, count output tokens with the server's tokenizer."),
+    count_tokens: bool = flag_option("--count-tokens/--no-count-tokens", "Without usage, count output tokens with "
+                                     "the server's tokenizer.", default=True),
     tokenizer: Optional[Path] = typer.Option(None, help="The served model's tokenizer.json or .gguf: exact prompt "
                                                         "lengths and output token counts without asking the server."),
-    skip_preflight: bool = typer.Option(False, help="Do not check /v1/models or probe the tokenizer first."),
-    progress: bool = typer.Option(True, help="Show live progress on stderr."),
-    compare_estimate: bool = typer.Option(False, help="Replay the workload sent through the serving simulator and "
-                                                      "add measured/predicted for every metric and percentile."),
+    skip_preflight: bool = flag_option("--skip-preflight/--no-skip-preflight", "Do not check /v1/models or probe "
+                                       "the tokenizer first.", default=False),
+    progress: bool = flag_option("--progress/--no-progress", "Show live progress on stderr.", default=True),
+    compare_estimate: bool = flag_option("--compare-estimate/--no-compare-estimate", "Replay the workload sent "
+                                         "through the serving simulator and add measured/predicted for every "
+                                         "metric and percentile.", default=False),
     hardware: Optional[str] = typer.Option(None, help="Hardware catalog name or calibrated profile for "
                                                       "--compare-estimate."),
     replay_engine: str = typer.Option("continuous", help="Engine the replay simulates: continuous or serial, then "

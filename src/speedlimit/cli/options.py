@@ -1,4 +1,5 @@
-"""Typer options derived from `speedlimit.scenario.Scenario`, and the CLI's spelling of boolean flags.
+"""Typer options derived from `speedlimit.scenario.Scenario`, the CLI's spelling of boolean flags, and the click
+classes of the app and its commands.
 
 `scenario_options("model", "batch", ...)` adds those Scenario fields to a command as options, with the flag
 names, help text and defaults the Scenario declares; the command receives what was typed as one dict,
@@ -11,10 +12,13 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from functools import cache
 from typing import Annotated, Any, get_args, get_origin
 
 import typer
+import typer.core
 
+from speedlimit.cli.interrupt import Interruptible
 from speedlimit.scenario import Flag, Scenario
 
 
@@ -26,6 +30,28 @@ def flag_option(names: str, help: str, *, default: bool | None = None) -> Any:
     if default is None:
         return typer.Option(names, metavar="", help=help)
     return typer.Option(default, names, metavar="", help=help)
+
+
+class _FlagHelp:
+    """``--help`` shown as the flag it is: typer gives its own help option no metavar, so it prints ``<bool>``."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+@cache
+def group_class() -> type:
+    """The app's click group: Ctrl-C handling (`Interruptible`) and a plain ``--help``."""
+    return type("SpeedlimitGroup", (Interruptible, _FlagHelp, typer.core.TyperGroup), {})
+
+
+@cache
+def command_class() -> type:
+    """Every command's click class: a plain ``--help``."""
+    return type("SpeedlimitCommand", (_FlagHelp, typer.core.TyperCommand), {})
 
 
 def _annotation(field: str, flag: Flag, required: bool) -> Any:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from speedlimit.artifacts import RunSummary, SweepSummary, write_records
-from speedlimit.cli.options import scenario_options
+from speedlimit.cli.options import flag_option, scenario_options
 from speedlimit.errors import SpeedlimitError
 
 
@@ -107,16 +107,17 @@ def simulate_command(
                                                        "serial: 1, 512); default: the engine profile's scheduler."),
     max_seqs: Optional[int] = typer.Option(None, help="Running-sequence cap (default: the engine profile's)."),
     max_batched_tokens: Optional[int] = typer.Option(None, help="Token budget per step (default: the engine profile's)."),
-    chunked_prefill: Optional[bool] = typer.Option(None, help="Split prompts over steps within the token budget (else "
-                                                              "prefill-first steps of whole prompts; default: the "
-                                                              "engine profile's)."),
+    chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill/--no-chunked-prefill", metavar="",
+                                                   help="Split prompts over steps within the token budget (else "
+                                                        "prefill-first steps of whole prompts; default: the engine "
+                                                        "profile's)."),
     block_size: int = typer.Option(16, help="KV-cache block size in tokens (paged attention)."),
     kv_tokens: Optional[int] = typer.Option(None, help="KV-cache capacity in tokens (default: memory beside the "
                                                        "weights; llama-server: its -c)."),
     out: Optional[Path] = typer.Option(None, help="Directory for requests.jsonl and summary.json (bench's files; "
                                                   "not one that holds a run already, unless --force)."),
-    force: bool = typer.Option(False, "--force", help="Replace the run already in --out."),
-    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+    force: bool = flag_option("--force/--no-force", "Replace the run already in --out.", default=False),
+    json_output: bool = flag_option("--json/--no-json", "Print the summary as JSON on stdout.", default=False),
 ) -> None:
     """Predict a serving engine under load, in bench's terms: TTFT/ITL/TPOT/E2E percentiles, throughput, goodput."""
     from speedlimit.bench.metrics import parse_slo

@@ -150,8 +150,12 @@ def verify_command(
     json_output: bool = flag_option("--json/--no-json", "Print the full result as JSON.", default=False),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result JSON here (updated after every stage)."),
 ) -> None:
-    """Measure this machine's speed limits, run a real model, and compare with the estimator."""
-    from speedlimit.verify.run import VerifySettings, run_verify, total_steps
+    """Measure this machine's speed limits, run a real model, and compare with the estimator.
+
+    Ctrl-C (or SIGTERM) stops it after the measurement under way: what was measured is written to --out (marked
+    ``interrupted``, not ``complete``) and the exit code is 130; a second Ctrl-C quits at once.
+    """
+    from speedlimit.verify.run import StopFlag, VerifyInterrupted, VerifySettings, run_verify, total_steps
 
     if model is None:
         from speedlimit.bundled import default_gguf_path
@@ -179,10 +183,16 @@ def verify_command(
             progress.update(task, description=label)
             progress.advance(task)
 
+        stop = StopFlag()
         try:
-            result = run_verify(settings, out=out, on_step=on_step)
+            with stop.on_signals("stopping after the measurement under way (Ctrl-C again to quit at once)"):
+                result = run_verify(settings, out=out, on_step=on_step, stop=stop)
         except MemoryError:
             raise SpeedlimitError("ran out of memory: use a smaller --array-mib, --model or --contexts") from None
+        except VerifyInterrupted as interruption:
+            progress.stop()
+            _report_interrupted(stderr, interruption, out, json_output)
+            raise typer.Exit(code=130) from None
     if json_output:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     else:
@@ -190,6 +200,30 @@ def verify_command(
         render_verify(console, result)
         if out is not None:
             console.print(f"results written to {out}")
+
+
+def _report_interrupted(stderr: Console, interruption: Any, out: Path | None, json_output: bool) -> None:
+    """Where an interrupted verify stands: how far it got, and where the partial result is."""
+    result = interruption.result
+    if json_output and result is not None:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+    got = []
+    if result is not None:
+        if result.measured_bandwidth_Bps:
+            got.append("bandwidth")
+        if result.measured_flops:
+            got.append("FLOP/s")
+        if result.prefill or result.decode:
+            got.append(f"{len(result.prefill)} prefill and {len(result.decode)} decode point(s)")
+    what = ", ".join(got) or "nothing measured yet"
+    if out is None:
+        where = "nothing written (no --out)"
+    elif result is None:
+        where = f"nothing written to {out}"
+    else:
+        where = f"partial result (interrupted, not complete) written to {out}"
+    stderr.print(f"interrupted by {interruption.signal_name} after {interruption.steps_done} of "
+                 f"{interruption.steps_total} steps: {what}; {where}", highlight=False, soft_wrap=True, markup=False)
 
 
 def calibrate_command(

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,8 @@ class LlamaRunner:
 # --- crash-safe preflight -------------------------------------------------------------------------
 
 _PREFLIGHT_SCRIPT = """
-import json, sys
+import json, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle: it stops this child itself
 from speedlimit.errors import SpeedlimitError
 from speedlimit.verify.engine import LlamaRunner
 try:
@@ -149,15 +151,29 @@ except SpeedlimitError as error:
 """
 
 
-def preflight(model_path: Path, n_threads: int, tokens: int = 16, n_ctx: int = 256, timeout_s: float = 180.0) -> dict[str, Any]:
-    """Load the model and greedy-generate ``tokens`` tokens in a child process; its report, or a one-line error."""
+def preflight(model_path: Path, n_threads: int, tokens: int = 16, n_ctx: int = 256, timeout_s: float = 180.0,
+              stopped: Callable[[], bool] | None = None) -> dict[str, Any] | None:
+    """Load the model and greedy-generate ``tokens`` tokens in a child process; its report, or a one-line error.
+
+    ``stopped`` is asked a few times a second: once it says so, the child is killed and the answer is None."""
     import_llama_cpp()
     command = [sys.executable, "-c", _PREFLIGHT_SCRIPT, str(model_path), str(n_ctx), str(n_threads), str(tokens)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise SpeedlimitError(f"llama-cpp-python took over {timeout_s:.0f} s to generate {tokens} tokens from {model_path}; "
-                              "is the machine overloaded?") from None
+    deadline = time.monotonic() + timeout_s
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        while True:
+            try:
+                stdout, stderr = child.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                stop = stopped is not None and stopped()
+                if stop or time.monotonic() > deadline:
+                    child.kill()
+                    child.communicate()
+                    if stop:
+                        return None
+                    raise SpeedlimitError(f"llama-cpp-python took over {timeout_s:.0f} s to generate {tokens} tokens "
+                                          f"from {model_path}; is the machine overloaded?") from None
+    done = subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
     if done.returncode < 0:
         try:
             name = signal.Signals(-done.returncode).name

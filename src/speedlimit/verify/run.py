@@ -6,13 +6,20 @@ point the estimator's prediction on the *measured* hardware twice: with the defa
 (what ``speedlimit estimate`` would say) and at the roofline limit (100 % of measured bandwidth/FLOPs, no
 per-step overhead). ``efficiency`` = measured ÷ roofline limit. Headline keys sit at the top level
 (``measured_bandwidth_Bps``, ``decode_tok_s_measured``, ...); `speedlimit calibrate` reads the points.
+
+Interruption: SIGINT/SIGTERM inside `StopFlag.on_signals` only raise a flag, checked between measurements (a
+llama.cpp eval cannot be interrupted, and an exception raised inside one of its log callbacks would be swallowed
+with an "Exception ignored" message). At the next check `run_verify` marks the result ``interrupted`` (still not
+``complete``), writes it to ``out`` and raises `VerifyInterrupted`; a second signal exits at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -62,6 +69,58 @@ class VerifySettings(BaseModel):
                                       bandwidth_repeats=3, quick=True)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+# --- interruption ------------------------------------------------------------------------------------
+
+
+class StopFlag:
+    """Set by the first SIGINT/SIGTERM (its name in `signal`), read between measurements."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+
+    def set(self, name: str) -> None:
+        self.signal = self.signal or name
+
+    @contextlib.contextmanager
+    def on_signals(self, message: str = "") -> Iterator[StopFlag]:
+        """While inside: the first SIGINT/SIGTERM sets the flag (and writes ``message`` to stderr); a second one
+        writes ``interrupted`` and exits 130 at once (what was measured is already on disk, written per stage)."""
+        def on_signal(signum: int, _frame: object) -> None:
+            if self.signal is not None:
+                os.write(2, b"interrupted\n")  # the command line's words and exit code for a Ctrl-C
+                os._exit(130)
+            self.set(signal.Signals(signum).name)
+            if message:
+                os.write(2, f"{message}\n".encode())
+
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                previous[sig] = signal.signal(sig, on_signal)
+            except ValueError:  # not the main thread: no signal handling here
+                pass
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class VerifyInterrupted(Exception):
+    """verify stopped at a signal; ``result`` holds what was measured (None when nothing was yet)."""
+
+    def __init__(self, signal_name: str, result: VerifyResult | None, steps_done: int, steps_total: int) -> None:
+        super().__init__(f"interrupted by {signal_name}")
+        self.signal_name = signal_name
+        self.result = result
+        self.steps_done = steps_done
+        self.steps_total = steps_total
+
+
+class _Stop(Exception):
+    """Raised at a check when the flag is set; `run_verify` turns it into `VerifyInterrupted`."""
 
 
 # --- the result artifact ----------------------------------------------------------------------------
@@ -168,6 +227,7 @@ class VerifyResult(Artifact):
     KIND: ClassVar[str] = "verify"
 
     complete: bool = False
+    interrupted: str | None = None  # the signal (SIGINT, SIGTERM) that stopped the run; what it holds is partial
     started_at: str = ""
     finished_at: str | None = None
     settings: VerifySettings | None = None
@@ -282,11 +342,39 @@ def _median(values: list[float]) -> float:
 
 
 def run_verify(settings: VerifySettings, out: Path | None = None,
-               on_step: Callable[[str], None] | None = None) -> VerifyResult:
-    """Measure, run, predict; the full result (also written to ``out`` after every stage)."""
+               on_step: Callable[[str], None] | None = None, stop: StopFlag | None = None) -> VerifyResult:
+    """Measure, run, predict; the full result (also written to ``out`` after every stage).
+
+    With ``stop``: once its flag is set, the next step ends the run with `VerifyInterrupted`, after writing the
+    partial result (``interrupted`` set, ``complete`` false) to ``out``."""
+    started: list[VerifyResult] = []  # the result, once there is one
+    done = [0]
+
+    def step(label: str) -> None:
+        if stop is not None and stop.signal is not None:
+            raise _Stop
+        done[0] += 1
+        if on_step is not None:
+            on_step(label)
+
+    try:
+        return _run_verify(settings, out, step, lambda: stop is not None and stop.signal is not None, started)
+    except _Stop:
+        assert stop is not None and stop.signal is not None
+        result = started[0] if started else None
+        if result is not None:
+            result.interrupted = stop.signal
+            result.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            result.machine.load_average_end = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+            if out is not None:
+                result.save(out)
+        raise VerifyInterrupted(stop.signal, result, done[0], total_steps(settings)) from None
+
+
+def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str], None], stopped: Callable[[], bool],
+                started: list[VerifyResult]) -> VerifyResult:
     from speedlimit.verify import engine
 
-    step = on_step or (lambda _label: None)
     engine.import_llama_cpp()  # fail before spending a minute on bandwidth
     arch, model = load_model_info(settings.model_path)
     max_context = max(settings.contexts) if settings.contexts else 0
@@ -308,6 +396,7 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
                             load_average_start=list(os.getloadavg()) if hasattr(os, "getloadavg") else None),
         model=model,
     )
+    started.append(result)
 
     def save() -> None:
         if out is not None:
@@ -349,7 +438,9 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
 
     # 2. the engine ----------------------------------------------------------------------------------
     step("engine: preflight (child process)")
-    check = engine.preflight(Path(model.path), settings.threads)
+    check = engine.preflight(Path(model.path), settings.threads, stopped=stopped)
+    if check is None:  # stopped while the child ran
+        raise _Stop
     result.engine = EngineInfo(
         name="llama-cpp-python", version=engine.engine_version(), system_info=engine.engine_system_info(),
         threads=settings.threads, thread_counts=thread_counts, n_ctx=n_ctx, n_batch=512, kv_type=KV_TYPE,
@@ -391,12 +482,18 @@ def run_verify(settings: VerifySettings, out: Path | None = None,
             step(f"engine: warm-up, {threads} thread{'s' if threads > 1 else ''}")
             runner.prefill(min(32, settings.prompt_tokens))
             runner.decode(min(8, settings.decode_tokens))
-            prefill_s, decode_s = [], []
-            for index in range(settings.runs):
-                step(f"engine: prefill {settings.prompt_tokens} + decode {settings.decode_tokens}, "
-                     f"{threads} thread{'s' if threads > 1 else ''} (run {index + 1}/{settings.runs})")
-                prefill_s.append(runner.prefill(settings.prompt_tokens))
-                decode_s.append(runner.decode(settings.decode_tokens)[0])
+            prefill_s: list[float] = []
+            decode_s: list[float] = []
+            try:
+                for index in range(settings.runs):
+                    step(f"engine: prefill {settings.prompt_tokens} + decode {settings.decode_tokens}, "
+                         f"{threads} thread{'s' if threads > 1 else ''} (run {index + 1}/{settings.runs})")
+                    prefill_s.append(runner.prefill(settings.prompt_tokens))
+                    decode_s.append(runner.decode(settings.decode_tokens)[0])
+            except _Stop:  # keep the runs that finished (fewer than --runs: their lists say how many)
+                if prefill_s:
+                    add_points(threads, prefill_s, decode_s)
+                raise
             add_points(threads, prefill_s, decode_s)
             save()
             if threads == settings.threads and settings.contexts:
