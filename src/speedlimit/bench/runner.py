@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from pydantic import ValidationError, model_validator
+
 from speedlimit.bench.client import Endpoint, check_server, make_session, raise_open_file_limit, send_request
 from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary, write_records
 from speedlimit.bench.metrics import find_knee, run_warnings, summarize
@@ -31,7 +33,7 @@ from speedlimit.bench.server_metrics import DEFAULT_INTERVAL_S, MetricsScraper
 from speedlimit.bench.tokenizer import LocalTokenizer, ServerTokenizer, load_local_tokenizer, probe_tokenizer
 from speedlimit.bench.workload import (LengthSpec, RequestSpec, arrival_offsets_s, build_requests, load_dataset,
                                       load_trace, trace_offsets_s)
-from speedlimit.errors import SpeedlimitError
+from speedlimit.errors import SpeedlimitError, pydantic_message
 
 #: Prompt pool size for --duration runs, where the request count is not known in advance (prompts then cycle).
 DURATION_POOL_CLOSED = 512
@@ -53,18 +55,23 @@ def _finite(name: str, value: float | None) -> None:
         raise SpeedlimitError(f"{name} must be a number, not nan")
 
 
-@dataclass
-class LoadPlan:
-    """How much load, and for how long. Exactly one of concurrency/rate; exactly one of requests/duration_s."""
+class LoadPlan(LoadInfo):
+    """The load bench is asked for: `LoadInfo`'s fields, checked as command-line options are. Exactly one of
+    concurrency/rate; at most one of requests/duration_s (neither: 100 requests)."""
 
-    concurrency: int | None = None
-    rate: float | None = None
-    burstiness: float = 1.0
-    requests: int | None = None
-    duration_s: float | None = None
-    warmup: int = 0
+    def __init__(self, **fields: Any) -> None:
+        try:
+            super().__init__(**fields)
+        except ValidationError as error:  # a wrong type is a bad option, not a traceback
+            flag = lambda loc: "--" + str(loc[0]).removesuffix("_s").replace("_", "-")  # noqa: E731
+            raise SpeedlimitError(pydantic_message(error, flag)) from None
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _checked(self) -> "LoadPlan":
+        self._check()
+        return self
+
+    def _check(self) -> None:
         for name, value in (("--rate", self.rate), ("--burstiness", self.burstiness), ("--duration", self.duration_s)):
             _finite(name, value)
         if (self.concurrency is None) == (self.rate is None):
@@ -106,9 +113,9 @@ class LoadPlan:
         wanted = self.requests if self.requests is not None else max(DURATION_POOL_CLOSED, 4 * (self.concurrency or 1))
         return max(1, min(wanted, MAX_PROMPT_POOL, budget))
 
-    def describe(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency, "rate": self.rate, "burstiness": self.burstiness,
-                "requests": self.requests, "duration_s": self.duration_s, "warmup": self.warmup}
+    def load_info(self) -> LoadInfo:
+        """The load as the run summary records it."""
+        return LoadInfo(**self.model_dump(include=set(LoadInfo.model_fields)))
 
 
 #: Largest prompt or output length in tokens (2**20: beyond every context window served today).
@@ -516,7 +523,7 @@ class BenchRunner:
         if self.interrupted is None or isinstance(self.tokenizer, LocalTokenizer):
             if await self.recount_output_tokens(records):
                 sink.rewrite(records)
-        load = LoadInfo(**plan.describe())
+        load = plan.load_info()
         if self.trace is not None:
             load = load.model_copy(update={"concurrency": None, "rate": None, "trace": str(self.workload.trace),
                                            "time_scale": self.workload.time_scale, "requests": n_requests})

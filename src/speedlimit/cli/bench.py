@@ -103,9 +103,10 @@ def bench_command(
                                                             "estimate (default: the served model name)."),
     workers: Optional[int] = typer.Option(None, help="Processes sending the load (default 1): concurrency slots or "
                                                      "arrivals of one seeded schedule are dealt out among them."),
-    server_metrics: bool = typer.Option(True, help="Scrape the server's Prometheus /metrics (vLLM, SGLang, TGI, "
-                                                   "llama-server --metrics) before, during and after each run: "
-                                                   "server_metrics.jsonl and a server block in the summary."),
+    server_metrics: bool = flag_option("--server-metrics/--no-server-metrics", "Scrape the server's Prometheus "
+                                       "/metrics (vLLM, SGLang, TGI, llama-server --metrics) before, during and after "
+                                       "each run: server_metrics.jsonl and a server block in the summary.",
+                                       default=True),
     metrics_interval: float = typer.Option(1.0, help="Seconds between /metrics scrapes during a run."),
     metrics_url: Optional[str] = typer.Option(None, help="Where the server's metrics are (default: the server root "
                                                          "of --url + /metrics)."),
