@@ -68,6 +68,10 @@ def test_one_and_two_workers_write_the_same_schema_and_requests(run_cli, faulty_
     # the merged records are on one clock: the run's span is the summary's duration, not two processes' clocks
     span = (max(r["end_ns"] for r in two) - min(r["start_ns"] for r in two)) / 1e9
     assert span == pytest.approx(s2["duration_s"], abs=1e-6) and span < 30
+    code, _, err = run_cli(["report", str(tmp_path / "two")])  # the report states the skew it measured too
+    assert code == 0, err
+    html = next((tmp_path / "two" / "report").glob("*.html")).read_text()
+    assert "load sent by" in html and "2 processes on 1 host(s); clock skew" in html
 
 
 def test_open_loop_workers_keep_the_one_seeded_schedule(faulty_server):

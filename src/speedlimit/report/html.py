@@ -88,7 +88,7 @@ def _about(results: Results) -> list[tuple[str, str]]:
 def _server(results: Results, out_dir: Path) -> dict[str, Any] | None:
     """The server's own view of a single run: its summary block as rows, and the server_metrics.jsonl series plot."""
     from speedlimit.bench.server_metrics import load_series
-    from speedlimit.cli.bench_view import self_check_lines, server_lines
+    from speedlimit.bench.describe import self_check_lines, server_lines
 
     summary = results.summary
     if summary is None or results.sweep is not None:
@@ -114,6 +114,10 @@ def _summary(summary: RunSummary, recomputed: bool) -> dict[str, Any]:
     ]
     if summary.slo:
         rows.append(("goodput (requests/s meeting the SLO)", _number(summary.goodput_request_s)))
+    if summary.workers is not None:  # --workers/--ray: the clock skew measured between them
+        from speedlimit.bench.describe import workers_line
+
+        rows.append(("load sent by", workers_line(summary.workers)))
     latency = [[name] + [format_seconds(getattr(getattr(summary, attr), q)) for q in ("mean", "p50", "p90", "p95", "p99")]
                for attr, name in plots.LATENCIES]
     note = "Computed from requests.jsonl: there is no summary.json beside it." if recomputed else ""
