@@ -16,6 +16,7 @@ from speedlimit.simulator.api import build_records, build_workload, engine_confi
 from speedlimit.simulator.engine import EngineConfig, run
 
 STEP = resolve("llama-3.1-8b", "h100-sxm")
+WINDOWED = resolve("gemma-2-9b", "h100-sxm")
 
 
 def _run(prompts, outputs, engine, **load):
@@ -175,12 +176,14 @@ def _spy_steps(monkeypatch):
     return seen
 
 
-def _audit(raw, seen=None):
+def _audit(raw, seen=None, window=math.inf):
     """Replays every request's emissions independently of the engine's bookkeeping: each request emits exactly its
     output tokens, in increasing steps, one per decode step it ran in; every step's decode count and (with ``seen``,
-    the priced batches) decode context match the requests that emitted in it; ITL gaps are the times between them."""
+    the priced batches) decode context, whole and within the sliding ``window``, match the requests that emitted in
+    it; ITL gaps are the times between them."""
     decoded = [0] * len(raw.end_times)  # decode emissions per step
     context = [0] * len(raw.end_times)  # Σ (prompt + tokens emitted before the step) over the step's decoders
+    local = [0.0] * len(raw.end_times)  # the same, each capped at the window
     for rid in range(raw.n):
         emitted = raw.emitted(rid)
         assert len(emitted) == raw.output[rid], rid
@@ -193,11 +196,13 @@ def _audit(raw, seen=None):
             else:
                 decoded[s] += 1
                 context[s] += raw.prompt[rid] + g
+                local[s] += min(raw.prompt[rid] + g, window)
     assert decoded == [t - p for t, p in zip(raw.step_tokens, raw.step_prefill)]
     if seen is not None:
         assert len(seen) == len(raw.end_times)
         assert [b.decode_sequences for b in seen] == decoded
         assert [b.decode_context for b in seen] == [float(c) for c in context]
+        assert [b.decode_context_local for b in seen] == [float(c) for c in local]
     records = _check_records(raw)
     ends = raw.end_times
     for record in records:
@@ -242,9 +247,10 @@ def test_the_whole_prompt_repro_completes_every_request_exactly(kwargs, monkeypa
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), lengths=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=5),
        mode=st.sampled_from(["continuous", "continuous", "serial"]), max_seqs=st.integers(1, 8),
-       block=st.sampled_from([1, 4, 16]), extra_budget=st.integers(0, 600), closed=st.booleans())
+       block=st.sampled_from([1, 4, 16]), extra_budget=st.integers(0, 600), closed=st.booleans(),
+       window=st.sampled_from([math.inf, 8, 64, 200]))
 def test_whole_prompt_runs_complete_every_request_with_exactly_its_tokens(data, lengths, mode, max_seqs, block,
-                                                                          extra_budget, closed):
+                                                                          extra_budget, closed, window):
     prompts = [p for p, _ in lengths]
     outputs = [o for _, o in lengths]
     longest = max(p + o for p, o in lengths)
@@ -259,10 +265,12 @@ def test_whole_prompt_runs_complete_every_request_with_exactly_its_tokens(data, 
     else:
         gaps = data.draw(st.lists(st.floats(0, 0.05), min_size=1, max_size=30), label="gaps")
         load = dict(arrivals=[sum(gaps[:i + 1]) for i in range(len(gaps))])
+    # a sliding window small enough to fill during these replies (gemma-2's costs, its window shrunk)
+    cost = STEP.cost if window == math.inf else WINDOWED.cost._replace(window=float(window))
     with pytest.MonkeyPatch.context() as patch:
         seen = _spy_steps(patch)
-        raw = _run(prompts, outputs, engine, **load)  # never 'stalled'
+        raw = run(cost, STEP.machine, engine, prompts, outputs, **load)  # never 'stalled'
     assert raw.n == (load["requests"] if closed else len(load["arrivals"]))
     for tokens, prefill in zip(raw.step_tokens, raw.step_prefill):
         assert prefill == 0 or tokens == prefill  # a step prefills whole prompts or decodes, never both
-    _audit(raw, seen)
+    _audit(raw, seen, window)
