@@ -9,12 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from speedlimit import simulate
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.simulator.api import build_records, build_workload, engine_config, resolve, run_workload
 from speedlimit.simulator.engine import EngineConfig, run
 
 STEP = resolve("llama-3.1-8b", "h100-sxm")
+WINDOWED = resolve("gemma-2-9b", "h100-sxm")
 
 
 def _run(prompts, outputs, engine, **load):
@@ -47,10 +49,11 @@ def test_every_step_is_priced_by_the_one_step_cost_model(monkeypatch):
     assert calls[2].decode_sequences == 2 and calls[2].decode_context == (300 + 1) + (40 + 1)
 
 
-def test_preemption_recomputes_and_every_request_still_finishes():
+def test_preemption_recomputes_and_every_request_still_finishes(monkeypatch):
+    seen = _spy_steps(monkeypatch)
     engine = EngineConfig(max_seqs=8, max_batched_tokens=512, block_size=16, kv_capacity_tokens=1200)
     raw = _run([200] * 20, [300] * 20, engine, concurrency=8, requests=20)
-    records = _check_records(raw)
+    records = _audit(raw, seen)
     assert sum(raw.preemptions) > 0 and len(raw.segments) > 0
     assert all(r.output_tokens == 300 for r in records)
     assert max(raw.step_kv_blocks) <= 1200 // 16
@@ -156,3 +159,118 @@ def test_the_queue_is_first_in_first_out():
     order = sorted(range(raw.n), key=lambda i: (raw.scheduled[i], i))
     assert order == list(range(30))  # admitted in arrival order
     assert max(raw.step_waiting) > 20
+
+
+# --- prefill-first (whole-prompt) scheduling: decodes pause, token accounting stays exact -------------------------
+
+def _spy_steps(monkeypatch):
+    """Records every batch the engine prices (``monkeypatch``: the fixture, or a `pytest.MonkeyPatch.context()`)."""
+    seen = []
+    original = core.step_seconds
+
+    def spy(cost, machine, batch):
+        seen.append(batch)
+        return original(cost, machine, batch)
+
+    monkeypatch.setattr(core, "step_seconds", spy)
+    return seen
+
+
+def _audit(raw, seen=None, window=math.inf):
+    """Replays every request's emissions independently of the engine's bookkeeping: each request emits exactly its
+    output tokens, in increasing steps, one per decode step it ran in; every step's decode count and (with ``seen``,
+    the priced batches) decode context, whole and within the sliding ``window``, match the requests that emitted in
+    it; ITL gaps are the times between them."""
+    decoded = [0] * len(raw.end_times)  # decode emissions per step
+    context = [0] * len(raw.end_times)  # Σ (prompt + tokens emitted before the step) over the step's decoders
+    local = [0.0] * len(raw.end_times)  # the same, each capped at the window
+    for rid in range(raw.n):
+        emitted = raw.emitted(rid)
+        assert len(emitted) == raw.output[rid], rid
+        assert emitted == sorted(set(emitted)) and emitted[0] == raw.first_step[rid] and emitted[-1] == raw.last_step[rid]
+        starts = {a for a, _ in raw.emission_steps(rid)}
+        for g, s in enumerate(emitted):
+            if s in starts:  # its prefill (or recompute) ended in this step
+                assert raw.step_prefill[s] > 0
+                starts.discard(s)
+            else:
+                decoded[s] += 1
+                context[s] += raw.prompt[rid] + g
+                local[s] += min(raw.prompt[rid] + g, window)
+    assert decoded == [t - p for t, p in zip(raw.step_tokens, raw.step_prefill)]
+    if seen is not None:
+        assert len(seen) == len(raw.end_times)
+        assert [b.decode_sequences for b in seen] == decoded
+        assert [b.decode_context for b in seen] == [float(c) for c in context]
+        assert [b.decode_context_local for b in seen] == [float(c) for c in local]
+    records = _check_records(raw)
+    ends = raw.end_times
+    for record in records:
+        emitted = raw.emitted(record.index)
+        assert record.itl_s == pytest.approx([ends[b] - ends[a] for a, b in zip(emitted, emitted[1:])], rel=1e-9)
+    return records
+
+
+def test_whole_prompt_prefill_pauses_decodes_and_they_still_finish(monkeypatch):
+    """The regression: decoders were advanced (and their finish step consumed) by prefill-only steps in which they did
+    not decode, so they decoded forever and the run ended in 'the simulated engine stalled'."""
+    seen = _spy_steps(monkeypatch)
+    engine = EngineConfig(max_seqs=4, max_batched_tokens=4096, chunked_prefill=False)
+    raw = _run([100, 1000], [10, 5], engine, arrivals=[0.0, 0.02])
+    _audit(raw, seen)
+    pause = next(s for s in range(len(raw.end_times)) if raw.step_prefill[s] == 1000)
+    assert raw.step_tokens[pause] == 1000  # the second prompt's step: the first request does not decode in it
+    emitted = raw.emitted(0)
+    assert pause not in emitted and emitted[0] < pause < emitted[-1]
+    after = next(s for s in emitted if s > pause)
+    before = max(s for s in emitted if s < pause)
+    gap = raw.end_times[after] - raw.end_times[before]  # the pause shows up in the ITL, as one gap
+    assert gap > raw.step_s[pause]
+    assert gap in build_records(raw)[0].itl_s
+
+
+@pytest.mark.parametrize("kwargs", [dict(engine="tensorrt-llm"),
+                                    dict(chunked_prefill=False, max_batched_tokens=8192)])
+def test_the_whole_prompt_repro_completes_every_request_exactly(kwargs, monkeypatch):
+    # speedlimit simulate -m llama-3.3-70b -H h100-sxm --tp 2 --weights fp8 --no-chunked-prefill --concurrency 25
+    #   --prompt-tokens 5000 --output-tokens 500 --requests 100   (stalled before the fix)
+    seen = _spy_steps(monkeypatch)
+    sim = simulate("llama-3.3-70b", "h100-sxm", tp=2, weights="fp8", concurrency=25, prompt_tokens=5000,
+                   output_tokens=500, requests=100, **kwargs)
+    assert sim.summary.completed == 100
+    assert sim.summary.engine["chunked_prefill"] is False
+    records = _audit(sim.raw, seen[-len(sim.raw.end_times):])  # the last run (before it: the saturation run, if any)
+    assert all(r.output_tokens == 500 and len(r.itl_s) == 499 for r in records)
+    assert sum(t - p for t, p in zip(sim.raw.step_tokens, sim.raw.step_prefill)) == 100 * 499
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), lengths=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=5),
+       mode=st.sampled_from(["continuous", "continuous", "serial"]), max_seqs=st.integers(1, 8),
+       block=st.sampled_from([1, 4, 16]), extra_budget=st.integers(0, 600), closed=st.booleans(),
+       window=st.sampled_from([math.inf, 8, 64, 200]))
+def test_whole_prompt_runs_complete_every_request_with_exactly_its_tokens(data, lengths, mode, max_seqs, block,
+                                                                          extra_budget, closed, window):
+    prompts = [p for p, _ in lengths]
+    outputs = [o for _, o in lengths]
+    longest = max(p + o for p, o in lengths)
+    budget = max(prompts) + max(outputs) - 1 + extra_budget
+    needed = -(-(longest - 1) // block) * block
+    kv = data.draw(st.one_of(st.just(math.inf), st.integers(needed, needed * 6)), label="kv")
+    engine = EngineConfig(mode=mode, max_seqs=max_seqs, max_batched_tokens=max(budget, max_seqs), chunked_prefill=False,
+                          block_size=block, kv_capacity_tokens=kv)
+    if closed:
+        load = dict(concurrency=data.draw(st.integers(1, 10), label="concurrency"),
+                    requests=data.draw(st.integers(1, 30), label="requests"))
+    else:
+        gaps = data.draw(st.lists(st.floats(0, 0.05), min_size=1, max_size=30), label="gaps")
+        load = dict(arrivals=[sum(gaps[:i + 1]) for i in range(len(gaps))])
+    # a sliding window small enough to fill during these replies (gemma-2's costs, its window shrunk)
+    cost = STEP.cost if window == math.inf else WINDOWED.cost._replace(window=float(window))
+    with pytest.MonkeyPatch.context() as patch:
+        seen = _spy_steps(patch)
+        raw = run(cost, STEP.machine, engine, prompts, outputs, **load)  # never 'stalled'
+    assert raw.n == (load["requests"] if closed else len(load["arrivals"]))
+    for tokens, prefill in zip(raw.step_tokens, raw.step_prefill):
+        assert prefill == 0 or tokens == prefill  # a step prefills whole prompts or decodes, never both
+    _audit(raw, seen, window)

@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -335,4 +336,84 @@ def test_serving_view_shows_hostile_url_values_as_text(browser, server_url):
     assert page.locator("#serving img").count() == 0
     assert page.locator("#sim-engine").input_value() == hostile  # sent as given, refused by the API
     assert "scheduler" in page.locator("#sim-error").inner_text()
+    page.close()
+
+
+def test_engine_selector_sends_the_profile_and_shows_exactly_the_apis_answer(browser, server_url):
+    """The Engine select is filled from GET /api/engines (default: unset, llama.cpp); choosing vllm puts engine=vllm in
+    every body (/api/curve, /api/simulate) and in the URL, and the cards, curve and serving view show what the API
+    answers for engine=vllm, which differs from the default's."""
+    from fastapi.testclient import TestClient
+
+    from speedlimit.web.app import create_app
+
+    api = TestClient(create_app())
+    engines = api.get("/api/engines").json()
+    page = browser.new_page(viewport={"width": 1400, "height": 1400})
+    bodies = []
+    page.on("request", lambda request: bodies.append((request.url.rsplit("/", 1)[-1], request.post_data_json))
+            if request.method == "POST" else None)
+    page.goto(f"{server_url}/?model=llama-3.1-8b&hardware=h100-sxm&prompt=512&output=128&sim_values=1,4")
+    _settle(page, 0)
+    _settle_serving(page, 0)
+    assert page.locator("#engine").input_value() == ""
+    options = page.locator("#engine option").evaluate_all("os => os.map(o => [o.value, o.textContent])")
+    default = next(e for e in engines if e["default"])
+    assert options[0] == ["", f"default ({default['label']})"]
+    assert [value for value, _ in options[1:]] == [e["name"] for e in engines]
+    assert ["vllm", "vllm — vLLM (V1 engine)"] in options
+    assert bodies and all("engine" not in body for _, body in bodies)  # unset: the API's default profile
+    default_tok_s = _shown_tok_s(page)
+
+    base = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "16", "kv": "fp16", "batch": 1, "prompt": 512,
+            "output": 128, "tp": 1, "ideal": False}
+    assert default_tok_s == api.post("/api/curve", json=base).json()["estimate"]["decode_tok_s"]
+    bodies.clear()
+    before, sim_before = _renders(page), page.evaluate("window.speedlimit.simRenders")
+    page.locator("#engine").select_option("vllm")
+    _settle(page, before)
+    _settle_serving(page, sim_before)
+    curve = api.post("/api/curve", json={**base, "engine": "vllm"}).json()
+    served = api.post("/api/simulate", json={**base, "engine": "vllm", "load": "concurrency", "values": [1, 4]}).json()
+    assert page.evaluate("window.speedlimit.last") == curve
+    assert _shown_tok_s(page) == curve["estimate"]["decode_tok_s"] != default_tok_s
+    assert float(page.locator("#throughput").get_attribute("data-value")) == curve["estimate"]["throughput_tok_s"]
+    sim = page.evaluate("window.speedlimit.simLast")
+    assert sim["points"] == served["points"] and sim["engine"] == served["engine"]
+    assert sim["engine"]["engine"] == "vllm" and sim["engine"]["max_seqs"] == 1024  # vllm's profile, not llama.cpp's 4
+    assert "vllm engine profile, continuous scheduling, up to 1,024 sequences" in page.locator("#sim-caption").inner_text()
+    assert float(page.locator("#sim-knee").get_attribute("data-value")) == served["knee_load"]
+    assert page.locator("#sim-command").inner_text() == served["command"]
+    assert served["command"].endswith("--engine vllm")
+    sent = {path for path, body in bodies if body.get("engine") == "vllm"}
+    assert sent == {"curve", "simulate"} and all(body.get("engine") == "vllm" for _, body in bodies)
+    assert "engine=vllm" in page.url
+
+    # the URL restores it; back to the default drops it from the URL and the bodies
+    page.goto(page.url)
+    _settle(page, 0)
+    assert page.locator("#engine").input_value() == "vllm"
+    assert _shown_tok_s(page) == curve["estimate"]["decode_tok_s"]
+    before = _renders(page)
+    page.locator("#engine").select_option("")
+    _settle(page, before)
+    assert _shown_tok_s(page) == default_tok_s and "engine=" not in page.url.replace("sim_engine=", "")
+    page.close()
+
+
+def test_unknown_engine_in_the_url_is_refused_by_the_api_and_shown_as_text(browser, server_url):
+    page = browser.new_page()
+    dialogs = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    hostile = '<img src=x onerror=alert(1)>"><b>x</b>'
+    page.goto(f"{server_url}/?model=llama-3.1-8b&output=64&sim_values=1,2&engine={quote(hostile)}")
+    _settled_or_error(page)
+    _settle_serving(page, 0, 0)
+    assert page.locator("#engine").input_value() == hostile  # shown and sent as given
+    assert page.locator("#engine option:checked").text_content() == f"{hostile} (as given)"
+    for box in ("#error", "#sim-error"):
+        text = page.locator(box).inner_text()
+        assert text.startswith("unknown engine") and hostile in text and "\n" not in text, text
+    assert page.locator("img, b").count() == 0 and not dialogs
+    assert _renders(page) == 0 and page.evaluate("window.speedlimit.simRenders") == 0
     page.close()

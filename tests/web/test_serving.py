@@ -192,3 +192,20 @@ def test_a_body_over_the_cap_is_refused_before_it_runs(client):
     body = json.dumps({**BASE, "slo": "x" * (1 << 20)}).encode()
     response = client.post("/api/simulate", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 413 and "larger than" in response.json()["detail"]
+
+
+def test_whole_prompt_engine_profile_serves_every_request(client):
+    """TensorRT-LLM's profile prefills whole prompts (no chunking): the decodes pause during prefill steps, and every
+    request still finishes (it used to answer 422 'the simulated engine stalled'); the figures are the CLI's."""
+    response = client.post("/api/simulate", json={"model": "llama-3.3-70b", "hardware": "h100-sxm", "weights": "fp8",
+                                                  "tp": 2, "prompt": 5000, "output": 500, "engine": "tensorrt-llm",
+                                                  "load": "concurrency", "values": [1, 25]})
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert data["engine"]["chunked_prefill"] is False
+    assert [p["completed"] for p in data["points"]] == [data["requests_per_level"]] * 2
+    cli = _cli_sweep(data["command"])
+    assert [p["completed"] for p in cli["points"]] == [data["requests_per_level"]] * 2
+    for ours, theirs in zip(data["points"], cli["points"]):
+        for key, (metric, quantile) in POINT_KEYS.items():
+            assert ours[key] == theirs[metric][quantile], key

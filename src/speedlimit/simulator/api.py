@@ -260,7 +260,10 @@ def _duration(raw: RawRun) -> float:
 def build_records(raw: RawRun) -> list[RequestRecord]:
     """Bench's records of a simulated run (built once at the end; ITL gaps share the step-gap float objects)."""
     ends = raw.end_times
-    gaps = [0.0] + [ends[k] - ends[k - 1] for k in range(1, len(ends))]  # gaps[k]: end of step k-1 → end of k
+    steps = raw.decode_steps
+    # gaps[i]: end of decode step i-1 → end of decode step i, the gap a sequence that decoded in both sees (prefill-only
+    # steps in between, whose pause the sequence waits out, included)
+    gaps = [0.0] + [ends[steps[i]] - ends[steps[i - 1]] for i in range(1, len(steps))]
     construct = RequestRecord.trusted
     fields = {"index", "start_ns", "end_ns", "ttft_s", "itl_s", "e2e_s", "prompt_tokens", "output_tokens",
               "output_chunks", "token_count_source", "prompt_token_source", "finish_reason", "queue_s", "prefill_s",
@@ -270,17 +273,16 @@ def build_records(raw: RawRun) -> list[RequestRecord]:
         arrival = raw.arrival[rid]
         first_time = ends[raw.first_step[rid]]
         end_time = ends[raw.last_step[rid]]
-        parts = raw.segments.get(rid)
-        if parts is None:
-            itl = gaps[raw.first_step[rid] + 1:raw.last_step[rid] + 1]
-        else:
-            itl = []
-            previous = None
-            for a, b in parts:
-                if previous is not None:
-                    itl.append(ends[a] - ends[previous])
-                itl.extend(gaps[a + 1:b + 1])
-                previous = b
+        itl = []
+        previous = None
+        for a, b in raw.emission_steps(rid):  # a token at the end of step a, then one per decode step in (a, b]
+            if previous is not None:
+                itl.append(ends[a] - ends[previous])
+            i, j = raw.decode_range(a, b)
+            if j > i:
+                itl.append(ends[steps[i]] - ends[a])
+                itl.extend(gaps[i + 1:j])
+            previous = b
         output = raw.output[rid]
         records.append(construct({
             "index": rid, "start_ns": int(arrival * 1e9 + 0.5), "end_ns": int(end_time * 1e9 + 0.5),

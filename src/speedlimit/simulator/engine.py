@@ -23,13 +23,20 @@ ITL integrates. Per step, the running sums (Σ context, sliding-window Σ, block
 incrementally with per-step event buckets, so a step costs O(1) in the number of running sequences, plus O(1) per
 event (a join, a finish, a preemption, a chunk).
 
+Decoders live on a *decode clock*: the count of steps in which the decoders decoded. Every decoder decodes in every
+decode step, and in none of the others (a prefill-only step of prefill-first scheduling pauses them all, as does a
+step with no decoders), so a decoder's context, the block it needs and the decode step that ends it are all fixed
+when it starts decoding, counted in decode steps, whatever prefill-only steps come in between.
+
 The first token of a request is emitted at the end of the step that completes its prefill; each later token at the
-end of the decode step that produced it. A record's times are seconds from the run's start.
+end of the decode step that produced it (``RawRun.decode_steps`` lists the decode steps). A record's times are seconds
+from the run's start.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -85,7 +92,9 @@ class RawRun:
     first_step: list[int]  # step whose end emitted the first token
     last_step: list[int]  # step whose end emitted the last token
     preemptions: list[int]
-    segments: dict[int, list[tuple[int, int]]]  # only preempted requests: inclusive step ranges that emitted tokens
+    # only preempted requests: one (a, b) per segment: it emitted at step a (its prefill or recompute ended), then at
+    # every decode step in (a, b]
+    segments: dict[int, list[tuple[int, int]]]
     end_times: list[float]  # end time of each step
     step_s: list[float]  # duration of each step
     step_batch: list[int]  # sequences in each step
@@ -95,11 +104,26 @@ class RawRun:
     step_in_system: list[int]  # requests arrived and not finished, at the start of each step
     step_kv_blocks: list[int]  # KV blocks in use after each step
     kv_blocks: float
+    decode_steps: list[int] = field(default_factory=list)  # the steps in which the decoders decoded, in order
     idle_s: float = 0.0  # time with nothing to run (open loop)
     extra: dict = field(default_factory=dict)
 
     def emission_steps(self, rid: int) -> list[tuple[int, int]]:
+        """One (a, b) per segment: the request emitted at step a, then at every decode step in (a, b]."""
         return self.segments.get(rid) or [(self.first_step[rid], self.last_step[rid])]
+
+    def decode_range(self, a: int, b: int) -> tuple[int, int]:
+        """The decode-step indices [i, j) of a segment (a, b): ``decode_steps[i:j]`` are the steps in (a, b]."""
+        return bisect_right(self.decode_steps, a), bisect_right(self.decode_steps, b)
+
+    def emitted(self, rid: int) -> list[int]:
+        """Every step at whose end the request emitted a token, in order (one per output token)."""
+        steps: list[int] = []
+        for a, b in self.emission_steps(rid):
+            i, j = self.decode_range(a, b)
+            steps.append(a)
+            steps.extend(self.decode_steps[i:j])
+        return steps
 
 
 def _blocks(tokens: int, block: int) -> int:
@@ -152,8 +176,8 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     R_gen: list[int] = []  # tokens generated so far
     R_target: list[int] = []  # tokens to compute before the next token is emitted (prompt, or prompt + generated)
     R_done: list[int] = []  # tokens computed (cached) toward target
-    R_s0: list[int] = []  # step at which the current decode segment began
-    R_L0: list[int] = []  # tokens cached at that step
+    R_s0: list[int] = []  # decode step (decode clock) at which the current decode segment began
+    R_L0: list[int] = []  # tokens cached at that decode step
     R_seg: list[int] = []  # segment id: bumps at each preemption, so stale events are skipped
     R_emit0: list[int] = []  # first emitting step of the current segment
     segments: dict[int, list[tuple[int, int]]] = {}
@@ -180,9 +204,11 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     running: dict[int, None] = {}  # admission order (the tail is the preemption victim)
     prefilling: dict[int, None] = {}  # running, not yet emitting
     decoding: dict[int, None] = {}
-    finish_at: dict[int, list[tuple[int, int]]] = {}  # step -> [(rid, seg)]
-    cross_at: dict[int, list[tuple[int, int]]] = {}  # step -> decoders whose context reaches the window then
-    residue = [0] * block  # decoders by (L0 - s0) % block: those with r == -s % block need a block at step s
+    # keyed by the decode clock d (decode steps so far), never by the step: decoders only advance in decode steps
+    finish_at: dict[int, list[tuple[int, int]]] = {}  # decode step -> [(rid, seg)] that emit their last token in it
+    cross_at: dict[int, list[tuple[int, int]]] = {}  # decode step -> decoders whose context reaches the window then
+    residue = [0] * block  # decoders by (L0 - s0) % block: those with r == -d % block need a block at decode step d
+    decode_steps: list[int] = []  # decode step d ran as step decode_steps[d]
     sum_ctx = 0  # Σ (cached + 1) over decoders at the current step
     sum_local = 0.0  # Σ min(cached + 1, window)
     n_below = 0  # decoders whose context is still below the window
@@ -216,13 +242,14 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     causal = core.causal_pairs
     inf = math.inf
 
-    def ctx_now(rid: int, s: int) -> int:  # cached tokens of a decoder at the start of step s
-        return R_L0[rid] + s - R_s0[rid]
+    def ctx_now(rid: int, d: int) -> int:  # cached tokens of a decoder at the start of decode step d
+        return R_L0[rid] + d - R_s0[rid]
 
-    def drop_decoder(rid: int, s: int) -> int:
-        """Remove a decoder (finished after step s-1, or preempted before step s); returns its cached tokens."""
+    def drop_decoder(rid: int, d: int) -> int:
+        """Remove a decoder (finished in decode step d-1, or preempted before decode step d); returns its cached
+        tokens."""
         nonlocal sum_ctx, sum_local, n_below
-        cached = ctx_now(rid, s)
+        cached = ctx_now(rid, d)
         del decoding[rid]
         residue[(R_L0[rid] - R_s0[rid]) % block] -= 1
         sum_ctx -= cached + 1
@@ -232,13 +259,15 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
                 n_below -= 1
         return cached
 
-    def preempt(rid: int, s: int) -> None:
+    def preempt(rid: int) -> None:
         nonlocal free_blocks
-        if rid in decoding:  # it emitted at every step of its segment up to the last one
-            cached = drop_decoder(rid, s)
-            R_gen[rid] += s - R_s0[rid]
-            R_last[rid] = s - 1
-            segments.setdefault(rid, []).append((R_emit0[rid], s - 1))
+        if rid in decoding:  # it emitted at its segment's first step, then in every decode step since
+            d = len(decode_steps)  # the decode step about to run
+            cached = drop_decoder(rid, d)
+            if d > R_s0[rid]:
+                R_gen[rid] += d - R_s0[rid]
+                R_last[rid] = decode_steps[d - 1]
+            segments.setdefault(rid, []).append((R_emit0[rid], R_last[rid]))
         else:  # still prefilling: nothing emitted since its last segment closed
             cached = R_done[rid]
             del prefilling[rid]
@@ -273,13 +302,14 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
             need = _blocks(R_target[head], block)
             prefill_only = free_blocks >= need  # prefill-first: decodes wait while a prompt can start
         n_dec = 0
+        d = len(decode_steps)  # the decode clock: this step is decode step d if the decoders decode in it
         if decoding and not prefill_only:
-            need = residue[(-s) % block]
+            need = residue[(-d) % block]
             while need > free_blocks:
                 victim = next(reversed(running))
-                if victim in decoding and (ctx_now(victim, s) % block) == 0:
+                if victim in decoding and (ctx_now(victim, d) % block) == 0:
                     need -= 1
-                preempt(victim, s)
+                preempt(victim)
             free_blocks -= need
             n_dec = len(decoding)
             budget -= n_dec
@@ -302,7 +332,7 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
                 need = _blocks(done + n, block) - _blocks(done, block)
                 # make room by preempting later-admitted prefills (decoders of this step are already counted)
                 while need > free_blocks and next(reversed(running)) != rid and next(reversed(running)) in prefilling:
-                    preempt(next(reversed(running)), s)
+                    preempt(next(reversed(running)))
                 if need > free_blocks:
                     n = int(free_blocks * block + (-done) % block)
                     if n <= 0:
@@ -358,16 +388,17 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         step_in_system.append(issued - completed_before)
         # --- after the step: decoders advance, some finish; completed prefills emit ---------------------------
         if n_dec:
+            decode_steps.append(s)
             sum_ctx += n_dec
             if windowed:
                 sum_local += n_below
-                for rid, seg in cross_at.pop(s + 1, ()):
+                for rid, seg in cross_at.pop(d + 1, ()):
                     if R_seg[rid] == seg and rid in decoding:
                         n_below -= 1
-            for rid, seg in finish_at.pop(s, ()):
+            for rid, seg in finish_at.pop(d, ()):
                 if R_seg[rid] != seg or rid not in decoding:
                     continue
-                cached = drop_decoder(rid, s + 1)
+                cached = drop_decoder(rid, d + 1)
                 free_blocks += _blocks(cached, block)
                 del running[rid]
                 R_gen[rid] = R_output[rid]
@@ -393,20 +424,21 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
                     waiting.append(issue(now, issued))
                     issued += 1
                 continue
-            # becomes a decoder from the next step
+            # becomes a decoder from the next decode step
             cached = R_done[rid]
-            R_s0[rid] = s + 1
+            d0 = len(decode_steps)
+            R_s0[rid] = d0
             R_L0[rid] = cached
             decoding[rid] = None
-            residue[(cached - s - 1) % block] += 1
+            residue[(cached - d0) % block] += 1
             sum_ctx += cached + 1
             seg = R_seg[rid]
-            finish_at.setdefault(s + R_output[rid] - R_gen[rid], []).append((rid, seg))
+            finish_at.setdefault(d0 + R_output[rid] - R_gen[rid] - 1, []).append((rid, seg))
             if windowed:
                 sum_local += min(cached + 1, window)
                 if cached + 1 < window:
                     n_below += 1
-                    cross_at.setdefault(s + 1 + int(window) - cached - 1, []).append((rid, seg))
+                    cross_at.setdefault(d0 + int(window) - cached - 1, []).append((rid, seg))
         step_kv.append(0 if total_blocks == inf else int(total_blocks - free_blocks))
         step += 1
 
@@ -416,4 +448,4 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     return RawRun(n=n, prompt=R_prompt, output=R_output, arrival=R_arrival, scheduled=R_sched, first_step=R_first,
                   last_step=R_last, preemptions=R_pre, segments=segments, end_times=end_times, step_s=step_s_list, step_batch=step_batch,
                   step_tokens=step_tokens, step_prefill=step_prefill, step_waiting=step_waiting, step_in_system=step_in_system,
-                  step_kv_blocks=step_kv, kv_blocks=total_blocks, idle_s=idle_s)
+                  step_kv_blocks=step_kv, kv_blocks=total_blocks, decode_steps=decode_steps, idle_s=idle_s)

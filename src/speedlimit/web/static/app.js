@@ -3,7 +3,8 @@
 "use strict";
 
 const BITS = [2, 3, 4, 5, 6, 8, 16];
-const DEFAULTS = { model: "llama-3.1-8b", hardware: "h100-sxm", weights: "16", kv: "fp16", batch: 1, prompt: 512, output: 1000, tp: 1, ideal: false };
+// engine: the serving-engine profile (GET /api/engines); "" leaves it unset, i.e. the API's default (llama.cpp).
+const DEFAULTS = { model: "llama-3.1-8b", hardware: "h100-sxm", engine: "", weights: "16", kv: "fp16", batch: 1, prompt: 512, output: 1000, tp: 1, ideal: false };
 const DEBOUNCE_MS = 16;
 const $ = (id) => document.getElementById(id);
 
@@ -62,6 +63,7 @@ function readState() {
   return {
     model: $("model").value,
     hardware: $("hardware").value,
+    engine: $("engine").value,
     weights: weightsValue(),
     kv: $("kv").value,
     batch: parseInt($("batch").value, 10),
@@ -96,6 +98,8 @@ function writeState(state) {
     selectValue($("model"), key || state.model, `${state.model} (as given)`);
   }
   if (state.hardware) selectValue($("hardware"), state.hardware, `${state.hardware} (as given)`);
+  if (state.engine) selectValue($("engine"), state.engine, `${state.engine} (as given)`);
+  else $("engine").value = "";
   const bitsIndex = BITS.indexOf(Number(state.weights));
   if (bitsIndex >= 0) { $("weights-bits").value = bitsIndex; $("weights-format").value = ""; }
   else selectValue($("weights-format"), String(state.weights), `${state.weights} (as given)`);
@@ -112,7 +116,7 @@ function writeState(state) {
 function stateFromUrl() {
   const q = new URLSearchParams(window.location.search);
   const state = { ...DEFAULTS };
-  for (const key of ["model", "hardware", "weights", "kv"]) if (q.has(key)) state[key] = q.get(key);
+  for (const key of ["model", "hardware", "engine", "weights", "kv"]) if (q.has(key)) state[key] = q.get(key);
   for (const key of ["batch", "prompt", "output", "tp"]) if (q.has(key) && isFinite(parseInt(q.get(key), 10))) state[key] = parseInt(q.get(key), 10);
   if (q.has("ideal")) state.ideal = ["1", "true", "yes", "on"].includes(q.get("ideal").toLowerCase());
   return state;
@@ -146,6 +150,7 @@ function stateToUrl(state) {
   const q = new URLSearchParams();
   for (const [key, value] of Object.entries(state)) {
     if (key === "ideal") { if (value) q.set("ideal", "1"); }
+    else if (key === "engine") { if (value) q.set("engine", value); }
     else q.set(key, String(value));
   }
   for (const [key, value] of Object.entries(readSimState())) if (value !== SIM_DEFAULTS[key]) q.set(key, value);
@@ -163,6 +168,7 @@ function syncLabels() {
 // ---------------------------------------------------------------- requests
 function requestBody(state) {
   const body = { ...state };
+  if (!body.engine) delete body.engine;  // unset: the API's default engine profile
   const text = $("config").value.trim();
   if (text) {
     let config;
@@ -462,7 +468,7 @@ function renderServing(d) {
   const e = d.engine || {};
   $("sim-caption").textContent = `Predicted TTFT and TPOT (p50, p99) and output throughput against ${p === "rate" ? "the arrival rate" : "concurrency"}: `
     + `${d.requests_per_level} requests per level, prompt ${fmtInt(d.prompt)} and output ${fmtInt(d.output)} tokens; ${e.model} on ${e.hardware}, `
-    + `${e.mode} engine, up to ${fmtInt(e.max_seqs)} sequences and ${fmtInt(e.max_batched_tokens)} tokens per step`
+    + `${e.engine ? e.engine + " engine profile, " : ""}${e.mode} scheduling, up to ${fmtInt(e.max_seqs)} sequences and ${fmtInt(e.max_batched_tokens)} tokens per step`
     + (e.kv_capacity_tokens ? `, KV cache ${fmtInt(e.kv_capacity_tokens)} tokens.` : ".");
   if (window.Plotly) renderServingChart(d);
   else $("serving-chart").textContent = "chart library unavailable (plotly is not installed)";
@@ -512,10 +518,27 @@ function fillSelect(select, items) {
   }
 }
 
+// The engine profiles after the "" option (unset: the API's default, named after the profile marked default).
+function fillEngines(engines) {
+  const select = $("engine");
+  select.replaceChildren();
+  const fallback = engines.find((e) => e.default);
+  const unset = document.createElement("option");
+  unset.value = "";
+  unset.textContent = fallback ? `default (${fallback.label})` : "default";
+  select.appendChild(unset);
+  for (const item of engines) {
+    const option = document.createElement("option");
+    option.value = item.name;
+    option.textContent = item.label && item.label !== item.name ? `${item.name} — ${item.label}` : item.name;
+    select.appendChild(option);
+  }
+}
+
 async function init() {
   const ticks = $("weights-tick-labels");
   BITS.forEach((b) => { const s = document.createElement("span"); s.textContent = b; ticks.appendChild(s); });
-  const [models, hardware] = await Promise.all([fetch("/api/models").then((r) => r.json()), fetch("/api/hardware").then((r) => r.json())]);
+  const [models, hardware, engines] = await Promise.all(["/api/models", "/api/hardware", "/api/engines"].map((path) => fetch(path).then((r) => r.json())));
   modelAliases = new Map();
   for (const m of models) {
     modelAliases.set(normalize(m.name), m.name);
@@ -523,6 +546,7 @@ async function init() {
   }
   fillSelect($("model"), models);
   fillSelect($("hardware"), hardware);
+  fillEngines(engines);
   writeState(stateFromUrl());
   writeSimState(simStateFromUrl());
   $("controls").addEventListener("input", (event) => {
