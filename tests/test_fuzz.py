@@ -650,10 +650,8 @@ def test_simulate_any_dataset(isolated: Path, lines: list[str], flags: list[tupl
                  *[a for pair in flags for a in pair]))
 
 
-def test_simulate_trace_if_it_has_one(isolated: Path) -> None:
-    """simulate replays bench's traces only once it has --trace (issue 12 lists --dataset, not --trace)."""
-    if "--trace" not in invoke("simulate", "--help").out:
-        pytest.skip("simulate has no --trace on this branch")
+def test_simulate_trace_with_a_bad_row(isolated: Path) -> None:
+    """simulate --trace reads bench's trace format with bench's checks."""
     trace = write_lines(isolated / "trace.jsonl", [json.dumps({"arrival_s": "soon", "prompt_tokens": 1, "output_tokens": 1})])
     check(invoke("simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--trace", str(trace)), codes=(2,))
 

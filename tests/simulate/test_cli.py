@@ -187,3 +187,35 @@ def test_a_tiny_rate_with_a_duration_sends_what_falls_inside_it(cli):
     code, out, err = cli(*BASE, "--rate", "1e-300", "--duration", "5", "--json")
     assert code == 0, err
     assert json.loads(out)["requests"] == 1  # the first send is at 0 s; the next would be ~1e300 s later
+
+
+def test_trace_replays_each_request_at_its_recorded_time_with_its_lengths(cli, tmp_path):
+    """bench's --trace format (incl. Mooncake's spelling), sent at recorded times × --time-scale."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"arrival_s": 0.0, "prompt_tokens": 512, "output_tokens": 64}\n'
+                     '{"timestamp": 4000, "input_length": 256, "output_length": 32}\n'
+                     '{"arrival_s": 2.0, "prompt_tokens": 1024, "output_tokens": 16}\n')
+    code, _, err = cli("simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--trace", str(trace), "--time-scale",
+                       "0.5", "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    summary = RunSummary.load(tmp_path / "run" / "summary.json")
+    assert summary.offered_load.trace == str(trace) and summary.offered_load.time_scale == 0.5
+    records = sorted(iter_records(tmp_path / "run" / "requests.jsonl"), key=lambda r: r.start_ns)
+    assert [(r.prompt_tokens, r.output_tokens) for r in records] == [(512, 64), (1024, 16), (256, 32)]
+    starts = [(r.start_ns - records[0].start_ns) / 1e9 for r in records]
+    assert starts == pytest.approx([0.0, 1.0, 2.0])  # sorted by arrival, then halved
+    code, out, err = cli("simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--trace", str(trace), "--requests",
+                         "1", "--json")
+    assert code == 0 and json.loads(out)["requests"] == 1, err  # the trace's first request only
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (("--rate", "2"), "--trace sets the arrivals"),
+    (("--sweep", "rate=1,2"), "--trace sets the arrivals"),
+    (("--time-scale", "0"), "--time-scale"),
+])
+def test_trace_conflicts_are_one_line(cli, tmp_path, extra, needle):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"arrival_s": 0.0, "prompt_tokens": 8, "output_tokens": 4}\n')
+    code, _, err = cli("simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--trace", str(trace), *extra)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err

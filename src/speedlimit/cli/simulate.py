@@ -93,6 +93,11 @@ def simulate_command(
     prompt_tokens: str = typer.Option("128", help="Prompt length in tokens: N, uniform:LOW:HIGH or normal:MEAN:STD."),
     output_tokens: str = typer.Option("64", help="Output tokens per request: N, uniform:LOW:HIGH or normal:MEAN:STD."),
     dataset: Optional[Path] = typer.Option(None, help="bench's JSONL of prompts (lengths in words, or prompt_tokens)."),
+    trace: Optional[Path] = typer.Option(None, help="Replay bench's JSONL trace: each request at its recorded time "
+                                                    "with its recorded lengths ({\"arrival_s\", \"prompt_tokens\", "
+                                                    "\"output_tokens\"} or Mooncake's timestamp/input_length/"
+                                                    "output_length)."),
+    time_scale: float = typer.Option(1.0, help="--trace: multiply its recorded times by this (0.5 = twice the rate)."),
     seed: int = typer.Option(0, help="Seed for lengths and arrival times (bench's draws)."),
     concurrency: Optional[int] = typer.Option(None, help="Closed loop: this many requests in flight (default 1)."),
     rate: Optional[float] = typer.Option(None, help="Open loop: mean arrivals per second (inf = all at once)."),
@@ -138,6 +143,8 @@ def simulate_command(
     check_out_dir(out, force)  # bench's check, before any work: never a file, never over a run unless --force
     workload_options = dict(burstiness=burstiness, requests=requests, duration_s=duration, prompt_tokens=prompt_tokens,
                             output_tokens=output_tokens, dataset=dataset, seed=seed)
+    if trace is not None and sweep:
+        raise SpeedlimitError("--trace sets the arrivals: give no --sweep with it (use --time-scale for the rate)")
     if sweep:
         parameter, values = parse_sweep(sweep)
         if concurrency is not None or rate is not None:
@@ -156,7 +163,8 @@ def simulate_command(
     else:
         if concurrency is not None and rate is not None:
             raise SpeedlimitError("give exactly one of --concurrency (closed loop) or --rate (open loop)")
-        workload = build_workload(concurrency=concurrency, rate=rate, **workload_options)
+        workload = build_workload(concurrency=concurrency, rate=rate, trace=trace, time_scale=time_scale,
+                                  **workload_options)
         result = run_workload(step, config, workload, slo_bounds)
         summary = result.summary
         if out is not None:

@@ -56,10 +56,13 @@ class Workload:
     arrivals: list[float] | None = None  # open loop: send times (seconds from start)
     seed: int = 0
     describe: dict[str, Any] | None = None
+    trace: str | None = None  # --trace: the replayed trace file (arrivals at its recorded times)
+    time_scale: float | None = None
 
     def load_info(self) -> LoadInfo:
         return LoadInfo(concurrency=self.concurrency, rate=self.rate, burstiness=self.burstiness,
-                        requests=self.requests, duration_s=self.duration_s)
+                        requests=self.requests, duration_s=self.duration_s, trace=self.trace,
+                        time_scale=self.time_scale)
 
 
 @dataclass
@@ -154,12 +157,38 @@ def split_engine(engine: Any, scheduler: str | None = None) -> tuple[Any, str | 
     return engine, scheduler, True
 
 
+def _trace_workload(path: Path, time_scale: float, requests: int | None, duration_s: float | None,
+                    dataset: Any, concurrency: Any, rate: Any, seed: int) -> Workload:
+    """bench --trace's workload: the trace's first ``requests`` rows (all by default) at their recorded times ×
+    ``time_scale``, each with its recorded prompt and output lengths."""
+    from speedlimit.bench.workload import load_trace, trace_offsets_s
+
+    if concurrency is not None or rate is not None or dataset is not None or duration_s is not None:
+        raise SpeedlimitError("--trace sets the arrivals and lengths: give no --concurrency, --rate, --duration, "
+                              "--dataset or --sweep with it")
+    rows = load_trace(path)
+    if requests is not None:
+        rows = rows[:_whole("requests", requests, 1, MAX_REQUESTS)]
+    arrivals = trace_offsets_s(rows, time_scale)
+    if arrivals[-1] > MAX_SIMULATED_S:
+        raise SpeedlimitError(f"--trace {path} × --time-scale {time_scale:g} spans {arrivals[-1]:.3g} s of simulated "
+                              f"time (at most {MAX_SIMULATED_S:.0e} s): lower --time-scale")
+    return Workload(prompts=[r.prompt_tokens for r in rows], outputs=[r.output_tokens for r in rows],
+                    requests=len(rows), arrivals=arrivals, seed=seed, trace=str(path), time_scale=time_scale,
+                    describe={"prompt_tokens": f"trace {path}", "output_tokens": f"trace {path}", "dataset": None,
+                              "trace": str(path), "time_scale": time_scale, "seed": seed})
+
+
 def build_workload(*, concurrency: int | None = None, rate: float | None = None, burstiness: float = 1.0,
                    requests: int | None = None, duration_s: float | None = None, prompt_tokens: Any = 128,
-                   output_tokens: Any = 64, dataset: Path | str | None = None, seed: int = 0) -> Workload:
-    """Bench's workload for these options, draw for draw (same seed → same lengths and arrival times as bench)."""
+                   output_tokens: Any = 64, dataset: Path | str | None = None, seed: int = 0,
+                   trace: Path | str | None = None, time_scale: float = 1.0) -> Workload:
+    """Bench's workload for these options, draw for draw (same seed → same lengths and arrival times as bench).
+    ``trace``: bench's --trace, every request at its recorded time and with its recorded lengths."""
     from speedlimit.bench.runner import LoadPlan  # validates the load options exactly as bench does
 
+    if trace is not None:
+        return _trace_workload(Path(trace), time_scale, requests, duration_s, dataset, concurrency, rate, seed)
     if concurrency is None and rate is None:
         concurrency = 1
     if concurrency is not None:
@@ -426,7 +455,7 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None
              concurrency: int | None = None, rate: float | None = None, burstiness: float = 1.0,
              requests: int | None = None, duration_s: float | None = None, prompt_tokens: Any = 128,
              output_tokens: Any = 64, dataset: Path | str | None = None, seed: int = 0,
-             engine: str | None = None, scheduler: str | None = None, max_seqs: int | None = None,
+             trace: Path | str | None = None, time_scale: float = 1.0, engine: str | None = None, scheduler: str | None = None, max_seqs: int | None = None,
              max_batched_tokens: int | None = None, chunked_prefill: bool | None = None, block_size: int = 16,
              kv_tokens: int | None = None, slo: str | dict[str, float] | None = None) -> Simulation:
     """Predict a serving engine under load, in bench's terms: records and a `RunSummary` (``source="simulate"``).
@@ -445,7 +474,7 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None
                            use_profile=use_profile)
     workload = build_workload(concurrency=concurrency, rate=rate, burstiness=burstiness, requests=requests,
                               duration_s=duration_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                              dataset=dataset, seed=seed)
+                              dataset=dataset, seed=seed, trace=trace, time_scale=time_scale)
     return run_workload(step, config, workload, _slo(slo))
 
 
