@@ -170,12 +170,17 @@ def _hardware_aliases() -> dict[str, str]:
     return _alias_map(hardware_entries())
 
 
+def _entry(model: type[Any], kind: str, key: str, fields: dict[str, Any]) -> Any:
+    """One catalog entry as its typed model; a broken data file is our bug, but the error says where."""
+    try:
+        return model(key=key, **fields)
+    except ValidationError as error:
+        raise SpeedlimitError(f"{kind} catalog entry {key!r} is invalid: {pydantic_message(error)}") from None
+
+
 @cache
 def catalog_hardware(key: str) -> Hardware:
-    try:
-        return Hardware(key=key, **hardware_entries()[key])
-    except ValidationError as error:  # a broken data file is our bug, but say where
-        raise SpeedlimitError(f"hardware catalog entry {key!r} is invalid: {pydantic_message(error)}") from None
+    return _entry(Hardware, "hardware", key, hardware_entries()[key])
 
 
 def hardware_names() -> list[str]:
@@ -262,10 +267,7 @@ def _engine_aliases() -> dict[str, str]:
 
 @cache
 def catalog_engine(key: str) -> EngineProfile:
-    try:
-        return EngineProfile(key=key, **engine_entries()[key])
-    except ValidationError as error:  # a broken data file is our bug, but say where
-        raise SpeedlimitError(f"engine catalog entry {key!r} is invalid: {pydantic_message(error)}") from None
+    return _entry(EngineProfile, "engine", key, engine_entries()[key])
 
 
 def engine_names() -> list[str]:
