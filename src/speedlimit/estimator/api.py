@@ -108,10 +108,9 @@ def check_weight_groups(arch: Architecture, weights: WeightFormats) -> None:
 def cost_model(arch: Architecture, weights: Precision | WeightFormats | None, kv: Precision) -> tuple[core.CostModel, float]:
     """The byte/FLOP coefficients of a model at a precision, and its weight bits per parameter.
 
-    ``weights``: one format, one per weight group (`WeightFormats`), or None (a GGUF file's exact bytes, else bf16).
+    ``weights``: one format, one per weight group (`WeightFormats`, summed per group even when they all agree: `resolve`
+    passes one shared format as that format), or None (a GGUF file's exact bytes, else bf16).
     """
-    if isinstance(weights, WeightFormats):
-        weights = weights.uniform or weights
     exact = arch.weight_bytes if weights is None else None
     if weights is None and exact is None:
         weights = parse_precision("bf16")
