@@ -99,8 +99,8 @@ def matmul_params_by_group(arch: Architecture) -> dict[str, float]:
 def check_weight_groups(arch: Architecture, weights: WeightFormats) -> None:
     """A per-group spelling must name groups the model prices apart, and a tied head takes the embeddings' format."""
     if "attention" in weights.explicit and arch.attention_params <= 0:
-        raise SpeedlimitError(f"{arch.name}'s weights are not split into attention and the rest (a bare size or a "
-                              "GGUF file): set dense= instead of attention=")
+        raise SpeedlimitError(f"{arch.name}'s weights are not split into attention and the rest (a bare size, or a "
+                              "file without attention tensors): set dense= instead of attention=")
     if "lm_head" in weights.explicit and arch.tied_embeddings and weights["lm_head"] != weights["embeddings"]:
         raise SpeedlimitError(f"{arch.name} ties its LM head to the embedding table: set embeddings= instead of lm_head=")
 
