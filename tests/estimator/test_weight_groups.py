@@ -178,3 +178,13 @@ def test_simulate_and_web_take_the_spelling():
     assert client.post("/api/estimate", json=body).json() == estimate(**body).to_dict()
     bad = client.post("/api/estimate", json={**body, "weights": "experts=mxfp4,experts=bf16"})
     assert bad.status_code == 422 and "given twice" in bad.text
+
+
+def test_cli_simulate_takes_the_spelling():
+    ok = runner.invoke(app, ["simulate", "-m", "gpt-oss-120b", "-H", "h100-sxm", "--weights", "experts=mxfp4,default=bf16",
+                             "--concurrency", "2", "--requests", "4", "--output-tokens", "8"])
+    assert ok.exit_code == 0, ok.output
+    bad = run_cli("simulate", "-m", "gpt-oss-120b", "-H", "h100-sxm", "--weights", "experts=mxfp4,experts=bf16",
+                  "--concurrency", "2", "--requests", "4")
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert bad.returncode == 2 and len(lines) == 1 and "given twice" in lines[0], bad.stderr
