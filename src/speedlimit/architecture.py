@@ -70,6 +70,7 @@ class Architecture:
     decode_kernels: float = 0.0  # kernels one decode step launches (0: unknown, e.g. a bare size)
     source: str = ""
     weight_bytes: WeightBytes | None = field(default=None, compare=False)
+    attention_params: float = 0.0  # the attention projections (and their biases) within dense_params (0: not split)
 
     @property
     def tied_embeddings(self) -> bool:
@@ -418,6 +419,7 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         max_context=_int(config, "max_position_embeddings", default=0),
         decode_kernels=decode_kernels,
         source=source,
+        attention_params=float(n_layers * attn_params),
     ))
 
 

@@ -90,6 +90,7 @@ def _architecture(reader: gguf.GGUFReader, path: Path) -> Architecture:
     names = {tensor.name for tensor in reader.tensors}
     embedding = lm_head = dense = experts = 0.0
     embedding_bytes = lm_head_bytes = dense_bytes = expert_bytes = 0.0
+    attention_params = 0.0  # the part of `dense` in attention projections (a per-group --weights prices it apart)
     types: Counter[str] = Counter()
     vocab = 0
     for tensor in reader.tensors:
@@ -106,6 +107,8 @@ def _architecture(reader: gguf.GGUFReader, path: Path) -> Architecture:
         else:
             dense += n_elements
             dense_bytes += n_bytes
+            if ".attn_" in name and "norm" not in name:  # q/k/v/output projections (MLA's too) and their biases
+                attention_params += n_elements
     if not reader.tensors:
         raise SpeedlimitError(f"{path} contains no tensors")
     if n_experts:
@@ -159,6 +162,7 @@ def _architecture(reader: gguf.GGUFReader, path: Path) -> Architecture:
         weight_bytes=WeightBytes(
             embedding=embedding_bytes, lm_head=lm_head_bytes, dense=dense_bytes, expert=expert_bytes, file_type=file_type
         ),
+        attention_params=attention_params,
     ))
 
 

@@ -61,9 +61,9 @@ def gguf_type_bits() -> dict[str, float]:
 
 def known_formats() -> list[str]:
     """Every weight/KV format name this module accepts."""
-    from speedlimit.catalog import gguf_file_type_bits
+    from speedlimit.catalog import block_format_bits, gguf_file_type_bits
 
-    return sorted(set(_PLAIN_BITS) | set(gguf_type_bits()) | set(gguf_file_type_bits()))
+    return sorted(set(_PLAIN_BITS) | set(block_format_bits()) | set(gguf_type_bits()) | set(gguf_file_type_bits()))
 
 
 @dataclass(frozen=True)
@@ -100,11 +100,14 @@ def parse_precision(text: str | float | int, *, what: str = "weights") -> Precis
         pass
     if key in _PLAIN_BITS:
         return Precision(key, _PLAIN_BITS[key])
+    from speedlimit.catalog import block_format_bits, gguf_file_type_bits  # data files, loaded once
+
+    blocks = block_format_bits()
+    if key in blocks:
+        return Precision(key, blocks[key])
     gguf_bits = gguf_type_bits()
     if key in gguf_bits:
         return Precision(key, gguf_bits[key])
-    from speedlimit.catalog import gguf_file_type_bits  # data file, loaded once
-
     mixes = gguf_file_type_bits()
     if key in mixes:
         return Precision(key, mixes[key])
@@ -114,7 +117,7 @@ def parse_precision(text: str | float | int, *, what: str = "weights") -> Precis
         for candidate in (base, base.rsplit("_", 1)[0] + "_k", base + "_s", base + "_xs"):
             if candidate in gguf_bits:
                 return Precision(candidate, gguf_bits[candidate])
-    raise SpeedlimitError(f"unknown {what} format {text!r}{did_you_mean(key, known_formats())}; use bits (e.g. 4) or a name like bf16, fp8, int4, q4_0, q8_0")
+    raise SpeedlimitError(f"unknown {what} format {text!r}{did_you_mean(key, known_formats())}; use bits (e.g. 4) or a name like bf16, fp8, int4, mxfp4, nvfp4, q4_0, q8_0")
 
 
 # No format stores fewer bits per element than this (llama.cpp's 1.5625-bit iq1_s is the smallest); below it a
@@ -127,3 +130,94 @@ def _from_bits(bits: float, what: str) -> Precision:
         raise SpeedlimitError(f"{what} bits must be a number from {MIN_BITS:g} to 64, got {bits:g}")
     name = {32.0: "fp32", 16.0: "bf16", 8.0: "int8", 4.0: "int4"}.get(bits, f"{bits:g}bit")
     return Precision(name, bits)
+
+
+# --------------------------------------------------------------------------------------------
+# mixed precision: one format per tensor group
+
+#: The weight groups the cost model prices apart (`speedlimit.architecture.Architecture`): attention projections;
+#: the rest of the weights every token reads (dense MLPs, shared experts, routers, norms); the routed experts; the
+#: token-embedding table; the output projection (an untied LM head; a tied one is the embedding table).
+WEIGHT_GROUPS = ("attention", "dense", "experts", "embeddings", "lm_head")
+DEFAULT_GROUP = "default"
+# A per-group spelling is a handful of group=format pairs; anything longer is not one.
+MAX_WEIGHTS_CHARS = 256
+
+
+@dataclass(frozen=True)
+class WeightFormats:
+    """One format per weight group (``experts=mxfp4,default=bf16``): ``formats`` in `WEIGHT_GROUPS` order.
+
+    ``explicit``: the groups the spelling named (the others took ``default``, else bf16).
+    """
+
+    formats: tuple[Precision, ...]
+    explicit: frozenset[str] = frozenset()
+
+    def __getitem__(self, group: str) -> Precision:
+        return self.formats[WEIGHT_GROUPS.index(group)]
+
+    @property
+    def uniform(self) -> Precision | None:
+        """The one format every group shares, else None."""
+        first = self.formats[0]
+        return first if all(fmt == first for fmt in self.formats) else None
+
+    @property
+    def name(self) -> str:
+        """Canonical spelling: the groups whose format differs from the most common one, then default= (one format: its name)."""
+        if self.uniform is not None:
+            return self.uniform.name
+        names = [fmt.name for fmt in self.formats]
+        common = max(names, key=names.count)
+        parts = [f"{group}={fmt}" for group, fmt in zip(WEIGHT_GROUPS, names) if fmt != common]
+        return ",".join([*parts, f"{DEFAULT_GROUP}={common}"])
+
+
+def is_per_group(text: object) -> bool:
+    """Whether a --weights value is a per-group spelling (``group=format,...``) rather than one format."""
+    return isinstance(text, str) and "=" in text
+
+
+def parse_weights(text: str | float | int) -> Precision | WeightFormats:
+    """One format (``'bf16'``, ``4``) as `parse_precision`, or a per-group spelling as `WeightFormats`.
+
+    ``'experts=mxfp4,attention=bf16,default=q4_k'``: groups from `WEIGHT_GROUPS` plus ``default`` (the groups
+    not named; bf16 without it). Raises `SpeedlimitError` naming the valid groups for a wrong spelling.
+    """
+    if not is_per_group(text):
+        return parse_precision(text, what="weights")
+    return _parse_groups(str(text))
+
+
+_VALID_GROUPS = ", ".join((*WEIGHT_GROUPS, DEFAULT_GROUP))
+
+
+@lru_cache(maxsize=256)
+def _parse_groups(text: str) -> WeightFormats:
+    if len(text) > MAX_WEIGHTS_CHARS:
+        raise SpeedlimitError(f"weights spelling is {len(text):,} characters long; give group=format pairs like experts=mxfp4,default=bf16")
+    given: dict[str, Precision] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            raise SpeedlimitError(f"weights {text!r} has an empty entry: give group=format pairs separated by commas "
+                                  f"(groups: {_VALID_GROUPS})")
+        if "=" not in part:
+            raise SpeedlimitError(f"weights entry {part!r} names no group: write group=format, e.g. default={part} "
+                                  f"(groups: {_VALID_GROUPS})")
+        group, _, fmt = (piece.strip() for piece in part.partition("="))
+        group = group.lower().replace("-", "_")
+        if not group:
+            raise SpeedlimitError(f"weights entry {part!r} names no group: write group=format (groups: {_VALID_GROUPS})")
+        if group not in (*WEIGHT_GROUPS, DEFAULT_GROUP):
+            raise SpeedlimitError(f"unknown weights group {group!r}{did_you_mean(group, [*WEIGHT_GROUPS, DEFAULT_GROUP])}; "
+                                  f"groups: {_VALID_GROUPS}")
+        if group in given:
+            raise SpeedlimitError(f"weights group {group!r} is given twice in {text!r}: give each group once")
+        if not fmt:
+            raise SpeedlimitError(f"weights group {group!r} has no format: write e.g. {group}=bf16")
+        given[group] = parse_precision(fmt, what=f"weights ({group})")
+    default = given.get(DEFAULT_GROUP) or parse_precision("bf16")
+    return WeightFormats(tuple(given.get(group, default) for group in WEIGHT_GROUPS),
+                         frozenset(g for g in given if g != DEFAULT_GROUP))

@@ -19,6 +19,7 @@ from speedlimit.catalog import MAX_NAME_CHARS
 from speedlimit.engine_profile import EngineProfile
 from speedlimit.errors import SpeedlimitError, pydantic_message
 from speedlimit.hardware import Hardware, check_bandwidth, check_flops, check_memory
+from speedlimit.precision import MAX_WEIGHTS_CHARS
 from speedlimit.units import parse_quantity
 
 # Safety bounds that turn absurd input into an error rather than a silly number.
@@ -69,8 +70,9 @@ class Scenario(BaseModel):
     memory: Annotated[float | None, Flag(("--memory",), text=True)] = Field(
         None, description="Custom hardware: memory capacity, bytes (80e9, 80GB).")
     weights: Annotated[str | float | None, Flag(("--weights",), text=True)] = Field(
-        None, description="Weight format: bits (16, 8, 4) or fp16/bf16/fp8/int8/int4/nf4/q4_0/q8_0/q4_k_m… "
-                          "(default: a .gguf file's exact bytes, else bf16).")
+        None, description="Weight format: bits (16, 8, 4) or fp16/bf16/fp8/int8/int4/nf4/mxfp4/nvfp4/q4_0/q8_0/q4_k_m…, "
+                          "or one per tensor group: experts=mxfp4,attention=bf16,default=q4_k (groups: attention, dense, "
+                          "experts, embeddings, lm_head, default) (default: a .gguf file's exact bytes, else bf16).")
     kv: Annotated[str | float | None, Flag(("--kv",), text=True)] = Field(
         None, description="KV-cache format: fp16, bf16, fp8, int8, int4, q8_0… (default: the engine's; llama.cpp: fp16).")
     engine: Annotated[str | InstanceOf[EngineProfile] | None, Flag(("--engine",), text=True)] = Field(
@@ -143,10 +145,10 @@ class Scenario(BaseModel):
 
     @field_validator("weights", "kv", mode="before")
     @classmethod
-    def _format(cls, value: Any) -> Any:
+    def _format(cls, value: Any, info: Any) -> Any:
         if isinstance(value, bool):
             raise ValueError("must be bits or a format name, not true/false")
-        if isinstance(value, str) and len(value) > 64:
+        if isinstance(value, str) and len(value) > (MAX_WEIGHTS_CHARS if info.field_name == "weights" else 64):
             raise ValueError(f"is {len(value):,} characters long; give bits or a format name like bf16 or q4_k_m")
         return value
 

@@ -74,3 +74,13 @@ def test_malformed_gguf_is_one_line_error(tmp_path, content):
 def test_missing_gguf(tmp_path):
     with pytest.raises(SpeedlimitError, match="no such GGUF file"):
         resolve_model(str(tmp_path / "absent.gguf"))
+
+
+def test_gguf_attention_tensors_are_their_own_weight_group(tmp_path):
+    path = tmp_path / "tiny-moe.gguf"
+    _write_moe_gguf(path)
+    arch = resolve_model(str(path))
+    assert arch.attention_params == 2 * (64 * 64 * 2 + 32 * 64 * 2)  # q, output + k, v per layer
+    # a per-group spelling replaces the file's exact bytes: attention at fp8, the rest at bf16
+    mixed = estimate(str(path), "h100-sxm", weights="attention=fp8,default=bf16")
+    assert mixed.weights_bytes == pytest.approx(arch.attention_params * 1 + (arch.total_params - arch.attention_params) * 2)

@@ -215,6 +215,13 @@ def gguf_file_type_bits() -> dict[str, float]:
 
 
 @cache
+def block_format_bits() -> dict[str, float]:
+    """Bits per weight of block-scaled formats (mxfp4, nvfp4): element bits + one shared scale per block."""
+    table = _load_toml("block_formats.toml")
+    return {name: row["element_bits"] + row["scale_bits"] / row["block"] for name, row in table.items()}
+
+
+@cache
 def efficiency_defaults() -> dict[str, dict[str, Any]]:
     return _load_toml("efficiency.toml")
 

@@ -24,6 +24,7 @@ from speedlimit.catalog import (
 from speedlimit.cli.options import flag_option, scenario_options
 from speedlimit.errors import SpeedlimitError, write_error
 from speedlimit.estimator.api import Estimate, estimate_scenario, resolve
+from speedlimit.precision import is_per_group
 from speedlimit.scenario import scenario_from
 from speedlimit.units import format_bytes, format_count, format_seconds, parse_quantity
 
@@ -157,7 +158,8 @@ def sweep_command(
     inputs: dict[str, Any],
     model: Annotated[list[str], typer.Option("--model", "-m", help="Catalog name, config.json, .gguf or size; repeat for several.")],
     hardware: Annotated[list[str], typer.Option("--hardware", "-H", help="Catalog hardware or calibrated profile; repeat for several.")],
-    weights: Annotated[str, typer.Option(help="Comma-separated weight formats, e.g. 16,8,4 or bf16,q4_0.")] = "16",
+    weights: Annotated[str, typer.Option(help="Comma-separated weight formats, e.g. 16,8,4 or bf16,q4_0; a per-group "
+                                              "spelling (experts=mxfp4,default=bf16) is one value.")] = "16",
     batch: Annotated[str, typer.Option(help="Batches: 1,8,64 or a doubling range 1:256.")] = "1",
     context: Annotated[str, typer.Option(help="Prompt/context tokens: 512,4096 or a doubling range 128:32768.")] = "512",
     fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
@@ -168,7 +170,7 @@ def sweep_command(
 
     if fmt not in ("csv", "json"):
         raise SpeedlimitError(f"--format must be csv or json, got {fmt!r}")
-    weight_list = [w.strip() for w in weights.split(",") if w.strip()]
+    weight_list = [weights.strip()] if is_per_group(weights) else [w.strip() for w in weights.split(",") if w.strip()]
     if not weight_list:
         raise SpeedlimitError(f"--weights {weights!r} names no format: give e.g. 16,8,4 or bf16,q4_0")
     batches, contexts = _parse_list(batch, "batch"), _parse_list(context, "context")

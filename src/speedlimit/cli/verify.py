@@ -357,7 +357,7 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
         raise SpeedlimitError(f"{path} does not say which hardware it ran on: pass --hardware NAME")
     base = resolve_hardware(hardware)
     step = step_model(model, base, engine=engine, tp=tp, weights=weights, kv=kv)
-    peak_flops = base.peak_flops(step.compute_dtype)
+    peak_flops = step.peak_flops
     if not math.isfinite(peak_flops):
         raise SpeedlimitError(f"{base.name} has no peak FLOP/s figure: pass --hardware with one")
     cap = 1.0 if step.engine.mode.value == "serial" else float(step.engine.max_seqs.at(base.memory_bytes))

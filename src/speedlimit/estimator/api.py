@@ -18,7 +18,7 @@ from speedlimit.engine_profile import EngineProfile
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.hardware import Efficiency, Hardware, custom_hardware
-from speedlimit.precision import Precision, parse_precision
+from speedlimit.precision import WEIGHT_GROUPS, Precision, WeightFormats, parse_precision, parse_weights
 from speedlimit.scenario import COMPUTE_DTYPES, MAX_BATCH, MAX_TOKENS, MAX_TP, Scenario, scenario_from
 
 __all__ = ["COMPUTE_DTYPES", "MAX_BATCH", "MAX_TOKENS", "MAX_TP", "Estimate", "StepModel", "estimate",
@@ -78,14 +78,53 @@ class Estimate(Artifact):
     sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
 
 
-def cost_model(arch: Architecture, weights: Precision | None, kv: Precision) -> tuple[core.CostModel, float]:
-    """The byte/FLOP coefficients of a model at a precision, and its weight bits per parameter."""
+def group_params(arch: Architecture) -> dict[str, float]:
+    """Parameters resident in memory per weight group (`speedlimit.precision.WEIGHT_GROUPS`); they sum to total_params.
+
+    ``experts`` counts every routed expert; a tied LM head is the embedding table (``lm_head`` 0).
+    """
+    attention = min(arch.attention_params, arch.dense_params)
+    return {"attention": attention, "dense": arch.dense_params - attention, "experts": arch.n_experts * arch.expert_params,
+            "embeddings": arch.embedding_params, "lm_head": arch.lm_head_params}
+
+
+def matmul_params_by_group(arch: Architecture) -> dict[str, float]:
+    """Parameters multiplied per token per weight group (a tied head multiplies the embedding table)."""
+    attention = min(arch.attention_params, arch.dense_params)
+    return {"attention": attention, "dense": arch.dense_params - attention,
+            "experts": arch.experts_per_token * arch.expert_params,
+            "embeddings": 0.0 if arch.lm_head_params else arch.embedding_params, "lm_head": arch.lm_head_params}
+
+
+def check_weight_groups(arch: Architecture, weights: WeightFormats) -> None:
+    """A per-group spelling must name groups the model prices apart, and a tied head takes the embeddings' format."""
+    if "attention" in weights.explicit and arch.attention_params <= 0:
+        raise SpeedlimitError(f"{arch.name}'s weights are not split into attention and the rest (a bare size, or a "
+                              "file without attention tensors): set dense= instead of attention=")
+    if "lm_head" in weights.explicit and arch.tied_embeddings and weights["lm_head"] != weights["embeddings"]:
+        raise SpeedlimitError(f"{arch.name} ties its LM head to the embedding table: set embeddings= instead of lm_head=")
+
+
+def cost_model(arch: Architecture, weights: Precision | WeightFormats | None, kv: Precision) -> tuple[core.CostModel, float]:
+    """The byte/FLOP coefficients of a model at a precision, and its weight bits per parameter.
+
+    ``weights``: one format, one per weight group (`WeightFormats`, summed per group even when they all agree: `resolve`
+    passes one shared format as that format), or None (a GGUF file's exact bytes, else bf16).
+    """
     exact = arch.weight_bytes if weights is None else None
     if weights is None and exact is None:
         weights = parse_precision("bf16")
     if exact is not None:
         embedding, head, dense, expert = exact.embedding, exact.lm_head or exact.embedding, exact.dense, exact.expert
         total = exact.embedding + exact.lm_head + exact.dense + arch.n_experts * exact.expert
+        bits = 8.0 * total / max(arch.total_params, 1.0)
+    elif isinstance(weights, WeightFormats):
+        b = {group: weights[group].bytes_per_element for group in WEIGHT_GROUPS}
+        params = group_params(arch)
+        embedding, expert = arch.embedding_params * b["embeddings"], arch.expert_params * b["experts"]
+        head = arch.lm_head_params * b["lm_head"] if arch.lm_head_params else embedding
+        dense = params["attention"] * b["attention"] + params["dense"] * b["dense"]
+        total = sum(params[group] * b[group] for group in WEIGHT_GROUPS)
         bits = 8.0 * total / max(arch.total_params, 1.0)
     else:
         b = weights.bytes_per_element
@@ -133,12 +172,16 @@ def ideal_cost_model(cost: core.CostModel, arch: Architecture) -> core.CostModel
     )
 
 
-def machine_for(hardware: Hardware, efficiency: Efficiency, compute_dtype: str, tp: int, ideal: bool, kernels: float = 0.0) -> core.Machine:
-    """The achievable rates of ``tp`` devices; a step launching ``kernels`` kernels costs `Efficiency.overhead_s`."""
+def machine_for(hardware: Hardware, efficiency: Efficiency, compute_dtype: str, tp: int, ideal: bool, kernels: float = 0.0,
+                peak_flops: float | None = None) -> core.Machine:
+    """The achievable rates of ``tp`` devices; a step launching ``kernels`` kernels costs `Efficiency.overhead_s`.
+
+    ``peak_flops``: the matmuls' peak per device when it is not one dtype's (per-group weight formats).
+    """
     bw_eff, flops_eff, overhead = (1.0, 1.0, 0.0) if ideal else (efficiency.bw_efficiency, efficiency.flops_efficiency, efficiency.overhead_s(kernels))
     return core.Machine(
         bandwidth_Bps=hardware.memory_bandwidth_Bps * bw_eff,
-        flops=hardware.peak_flops(compute_dtype) * flops_eff,
+        flops=(hardware.peak_flops(compute_dtype) if peak_flops is None else peak_flops) * flops_eff,
         step_overhead_s=overhead,
         memory_bytes=hardware.memory_bytes if hardware.memory_bytes else math.nan,
         link_Bps=hardware.interconnect_Bps if hardware.interconnect_Bps else math.nan,
@@ -166,6 +209,7 @@ class StepModel(NamedTuple):
     tp: int
     ideal: bool
     engine: EngineProfile | None = None  # the serving engine whose costs and scheduler the step model carries
+    peak_flops: float = math.nan  # peak FLOP/s per device of the matmuls (at compute_dtype, or mixed per group)
 
     @property
     def step_overhead_s(self) -> float:
@@ -189,20 +233,43 @@ def resolve(scenario: Scenario) -> StepModel:
         raise SpeedlimitError(f"--engine {engine.key} runs on {', '.join(engine.devices)} devices, not on {device.name} "
                               f"({device.kind}); pick another engine (llama.cpp runs everywhere)")
     _check_tensor_parallel(arch, scenario.tp)
-    weights = parse_precision(scenario.weights, what="weights") if scenario.weights is not None else None
+    weights = parse_weights(scenario.weights) if scenario.weights is not None else None
+    if isinstance(weights, WeightFormats):
+        check_weight_groups(arch, weights)
+        weights = weights.uniform or weights  # one format named per group is that format
     kv = parse_precision(scenario.kv if scenario.kv is not None else engine.kv.value, what="kv")
     efficiency, terms = engine_efficiency(scenario, device, engine)
     cost, bits = cost_model(arch, weights, kv)
     weights_name = weights.name if weights else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
-    compute_dtype = scenario.compute or (weights.compute_dtype if weights else "bf16")
+    compute_dtype, peak_flops = compute_rate(arch, device, weights, scenario.compute)
     if scenario.ideal:
         cost = ideal_cost_model(cost, arch)
     kernels = arch.decode_kernels * (engine.kernel_fraction.value if engine.kernel_fraction else 1.0)
-    machine = machine_for(device, efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels)
+    machine = machine_for(device, efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels, peak_flops)
     if not scenario.ideal:
         machine = machine._replace(**terms)
     return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv.name, compute_dtype, scenario.tp,
-                     scenario.ideal, engine)
+                     scenario.ideal, engine, peak_flops)
+
+
+def compute_rate(arch: Architecture, device: Hardware, weights: Precision | WeightFormats | None,
+                 compute: str | None) -> tuple[str, float]:
+    """(compute dtype, peak FLOP/s per device) of the matmuls.
+
+    One format (or ``--compute``) runs every matmul in one dtype. Per-group formats that compute in different dtypes
+    (fp8 experts, bf16 attention) run each group's matmuls at its own rate: the peak is the rate at which the
+    per-token matmul FLOPs finish, Σ params / Σ (params_g / peak_g), and the dtype is named ``mixed``.
+    """
+    if compute or not isinstance(weights, WeightFormats):
+        dtype = compute or (weights.compute_dtype if weights else "bf16")
+        return dtype, device.peak_flops(dtype)
+    params = matmul_params_by_group(arch)
+    dtypes = {group: weights[group].compute_dtype for group in WEIGHT_GROUPS if params[group] > 0}
+    if len(set(dtypes.values())) <= 1:
+        dtype = next(iter(dtypes.values()), "bf16")
+        return dtype, device.peak_flops(dtype)
+    seconds_per_flop = sum(params[group] / device.peak_flops(dtype) for group, dtype in dtypes.items())
+    return "mixed", sum(params[group] for group in dtypes) / seconds_per_flop
 
 
 def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfile) -> tuple[Efficiency, dict[str, float]]:
@@ -352,7 +419,7 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         tp_comm_s=float(core.allreduce_seconds(cost, machine, batch)),
         usd_per_million_tokens=cost_per_m,
         bandwidth_Bps=device.memory_bandwidth_Bps,
-        flops=_finite_or_none(device.peak_flops(resolved.compute_dtype)),
+        flops=_finite_or_none(resolved.peak_flops),
         bw_efficiency=1.0 if ideal else efficiency.bw_efficiency,
         flops_efficiency=1.0 if ideal else efficiency.flops_efficiency,
         step_overhead_s=0.0 if ideal else resolved.step_overhead_s,

@@ -20,7 +20,7 @@ from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.estimator.api import resolve
 from speedlimit.hardware import Hardware
-from speedlimit.precision import parse_precision
+from speedlimit.precision import parse_weights
 from speedlimit.scenario import MAX_BATCH, MAX_TOKENS, scenario_from
 
 # Configurations one vectorized evaluation may hold in memory (a few dozen float arrays of this length), and
@@ -201,7 +201,7 @@ def sweep_grid(
     full = {k: np.broadcast_to(v, shape).reshape(-1) for k, v in arrays.items()}
     mw, h, b, c = (axis.reshape(-1) for axis in np.indices(shape))
     model_names = np.array([a.name for a in archs])
-    weight_names = np.array([parse_precision(w).name for w in weights])
+    weight_names = np.array([parse_weights(w).name for w in weights])
     columns = {
         "model": model_names[mw // len(weights)],
         "hardware": np.array([d.key for d in devices])[h],
