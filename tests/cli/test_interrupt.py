@@ -24,6 +24,8 @@ import pytest
 
 from speedlimit import cli
 
+from tests.test_fuzz import verify_result
+
 READY = "READY"
 
 # (argv, the function that command calls that the child replaces with a sleep): each command once.
@@ -37,14 +39,7 @@ SLOW_STEPS = {
     "report": (["report", "RESULTS"], "speedlimit.report.results", "load_results"),
 }  # verify stops between measurements instead: tests/verify/test_interrupt.py
 
-VERIFY_RESULT = {
-    "schema": "speedlimit.verify/1", "complete": True, "threads": 2,
-    "machine": {"cpu": "Test CPU", "cores": 2, "memory_bytes": 24e9},
-    "measured_bandwidth_Bps": 20e9, "measured_flops": 100e9,
-    "decode": [{"kind": "context", "threads": 2, "context_start": c, "tok_s": 100.0 - c / 100,
-                "bytes_per_token": 100e6 + 23e3 * c, "flops_per_token": 0.02e9} for c in (128, 1024, 4096)],
-    "prefill": [{"threads": 2, "prompt_tokens": 128, "median_s": 0.4, "step_bytes": 100e6, "step_flops": 36e9}],
-}  # fmt: skip
+VERIFY_RESULT = verify_result()  # a minimal verify result calibrate and report accept
 
 
 def child(code: str) -> subprocess.Popen:
