@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from speedlimit import cli
-
 from tests.test_fuzz import verify_result
 
 READY = "READY"
