@@ -310,6 +310,21 @@ def calibrate_command(
                         highlight=False)
 
 
+def _efficiency_table(before_label: str, before: Any, after: Any, *, per_sequence: bool = False) -> Table:
+    """The fitted values beside the ones the fit started from (both fits: a verify result's and a deployment's)."""
+    table = Table(show_header=True)
+    table.add_column("")
+    table.add_column(before_label, justify="right")
+    table.add_column("fitted", justify="right")
+    table.add_row("bw_efficiency", f"{before.bw_efficiency:.3f}", f"{after.bw_efficiency:.3f}")
+    table.add_row("flops_efficiency", f"{before.flops_efficiency:.3f}", f"{after.flops_efficiency:.3f}")
+    table.add_row("step_overhead_s", f"{before.step_overhead_s * 1e3:.3f} ms", f"{after.step_overhead_s * 1e3:.3f} ms")
+    if per_sequence:
+        table.add_row("sequence_overhead_s", f"{before.sequence_overhead_s * 1e6:.1f} us",
+                      f"{after.sequence_overhead_s * 1e6:.1f} us")
+    return table
+
+
 def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
     table = Table(title=escape(f"Calibration of {base.name}: peak {_gb(base.memory_bandwidth_Bps)} GB/s, "
                                f"{_num(flops / 1e9 if flops == flops else None)} GFLOP/s"), title_justify="left")
@@ -322,13 +337,7 @@ def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
         table.add_row(f"[dim]{escape(point.label)} (left out)[/dim]", escape(Path(point.source).name), _ms(point.measured_s),
                       _ms(fit.predicted_s(point, fit.before)), _ms(fit.predicted_s(point)))
     console.print(table)
-    fields = Table(show_header=True)
-    fields.add_column("")
-    fields.add_column("default", justify="right")
-    fields.add_column("fitted", justify="right")
-    fields.add_row("bw_efficiency", f"{fit.before.bw_efficiency:.3f}", f"{fit.bw_efficiency:.3f}")
-    fields.add_row("flops_efficiency", f"{fit.before.flops_efficiency:.3f}", f"{fit.flops_efficiency:.3f}")
-    fields.add_row("step_overhead_s", f"{fit.before.step_overhead_s * 1e3:.3f} ms", f"{fit.step_overhead_s * 1e3:.3f} ms")
+    fields = _efficiency_table("default", fit.before, fit)
     for kind in ("decode", "prefill", "all"):
         fields.add_row(f"mean |error| {kind}", _pct(fit.error_before[kind]), _pct(fit.error_after[kind]))
     console.print(fields)
@@ -395,15 +404,7 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
             table.add_row(escape(point.label), point.fold, _ms(point.measured_s), _ms(fit.prior.predict(point)),
                           _ms(fit.fitted.predict(point)))
         console.print(table)
-        values = Table(show_header=True)
-        values.add_column("")
-        values.add_column("prior", justify="right")
-        values.add_column("fitted", justify="right")
-        values.add_row("bw_efficiency", f"{fit.prior.bw_efficiency:.3f}", f"{fit.fitted.bw_efficiency:.3f}")
-        values.add_row("flops_efficiency", f"{fit.prior.flops_efficiency:.3f}", f"{fit.fitted.flops_efficiency:.3f}")
-        values.add_row("step_overhead_s", f"{fit.prior.step_overhead_s * 1e3:.3f} ms", f"{fit.fitted.step_overhead_s * 1e3:.3f} ms")
-        values.add_row("sequence_overhead_s", f"{fit.prior.sequence_overhead_s * 1e6:.1f} us",
-                       f"{fit.fitted.sequence_overhead_s * 1e6:.1f} us")
+        values = _efficiency_table("prior", fit.prior, fit.fitted, per_sequence=True)
         for fold in ("fit", "held-out"):
             values.add_row(f"mean |error|, {fold} points", _pct(fit.errors[fold]["prior"]), _pct(fit.errors[fold]["fitted"]))
         console.print(values)
