@@ -70,6 +70,9 @@ class EngineProfile(BaseModel):
     max_seqs: Sourced
     max_batched_tokens: Sourced
     chunked_prefill: Sourced
+    # without chunked prefill: True = a step prefills whole prompts and decodes pause (vLLM V0's prefill-first);
+    # False = whole prompts join the decodes' step within the token budget (TensorRT-LLM's in-flight batching)
+    prefill_first: Sourced | None = None
     prefix_caching: Sourced
     kv: Sourced
     # step costs (None: the device kind's default)
@@ -96,7 +99,7 @@ class EngineProfile(BaseModel):
                 raise ValueError(f"must be a whole number >= 1, got {value!r}")
         return field
 
-    @field_validator("chunked_prefill", "prefix_caching", "cuda_graphs")
+    @field_validator("chunked_prefill", "prefill_first", "prefix_caching", "cuda_graphs")
     @classmethod
     def _flag(cls, field: Sourced | None) -> Sourced | None:
         if field is not None and not isinstance(field.value, bool):

@@ -78,6 +78,26 @@ def test_prefill_first_pauses_decodes_without_chunking():
     assert sorted(set(raw.step_prefill) - {0}) == [1000]
 
 
+def test_in_flight_batching_prefills_whole_prompts_beside_the_decodes(monkeypatch):
+    # TensorRT-LLM's scheduler: no chunking, but a context request joins the generation requests' step
+    seen = _spy_steps(monkeypatch)
+    engine = EngineConfig(max_seqs=4, max_batched_tokens=4096, chunked_prefill=False, prefill_first=False)
+    raw = _run([100, 1000], [10, 5], engine, arrivals=[0.0, 0.02])
+    _audit(raw, seen)
+    join = next(s for s in range(len(raw.end_times)) if raw.step_prefill[s] == 1000)
+    assert raw.step_tokens[join] == 1001  # the whole second prompt and the first request's decode, in one step
+    assert join in raw.emitted(0)
+    assert sorted(set(raw.step_prefill) - {0}) == [100, 1000]  # prompts are never split
+
+
+def test_the_tensorrt_llm_profile_mixes_whole_prompts_with_decodes():
+    step = resolve("llama-3.1-8b", "h100-sxm", engine="tensorrt-llm")
+    engine = engine_config(step=step)
+    assert (engine.chunked_prefill, engine.prefill_first) == (False, False)
+    generic = engine_config("continuous", chunked_prefill=False, step=step)
+    assert (generic.chunked_prefill, generic.prefill_first) == (False, True)
+
+
 def test_a_queue_forms_beyond_max_seqs():
     engine = EngineConfig(max_seqs=2, max_batched_tokens=2048)
     raw = _run([100], [20], engine, concurrency=5, requests=10)
@@ -248,9 +268,9 @@ def test_the_whole_prompt_repro_completes_every_request_exactly(kwargs, monkeypa
 @given(data=st.data(), lengths=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=5),
        mode=st.sampled_from(["continuous", "continuous", "serial"]), max_seqs=st.integers(1, 8),
        block=st.sampled_from([1, 4, 16]), extra_budget=st.integers(0, 600), closed=st.booleans(),
-       window=st.sampled_from([math.inf, 8, 64, 200]))
+       window=st.sampled_from([math.inf, 8, 64, 200]), prefill_first=st.booleans())
 def test_whole_prompt_runs_complete_every_request_with_exactly_its_tokens(data, lengths, mode, max_seqs, block,
-                                                                          extra_budget, closed, window):
+                                                                          extra_budget, closed, window, prefill_first):
     prompts = [p for p, _ in lengths]
     outputs = [o for _, o in lengths]
     longest = max(p + o for p, o in lengths)
@@ -258,7 +278,7 @@ def test_whole_prompt_runs_complete_every_request_with_exactly_its_tokens(data, 
     needed = -(-(longest - 1) // block) * block
     kv = data.draw(st.one_of(st.just(math.inf), st.integers(needed, needed * 6)), label="kv")
     engine = EngineConfig(mode=mode, max_seqs=max_seqs, max_batched_tokens=max(budget, max_seqs), chunked_prefill=False,
-                          block_size=block, kv_capacity_tokens=kv)
+                          prefill_first=prefill_first, block_size=block, kv_capacity_tokens=kv)
     if closed:
         load = dict(concurrency=data.draw(st.integers(1, 10), label="concurrency"),
                     requests=data.draw(st.integers(1, 30), label="requests"))
@@ -271,6 +291,7 @@ def test_whole_prompt_runs_complete_every_request_with_exactly_its_tokens(data, 
         seen = _spy_steps(patch)
         raw = run(cost, STEP.machine, engine, prompts, outputs, **load)  # never 'stalled'
     assert raw.n == (load["requests"] if closed else len(load["arrivals"]))
-    for tokens, prefill in zip(raw.step_tokens, raw.step_prefill):
-        assert prefill == 0 or tokens == prefill  # a step prefills whole prompts or decodes, never both
+    if prefill_first:
+        for tokens, prefill in zip(raw.step_tokens, raw.step_prefill):
+            assert prefill == 0 or tokens == prefill  # a step prefills whole prompts or decodes, never both
     _audit(raw, seen, window)

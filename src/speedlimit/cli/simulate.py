@@ -17,6 +17,12 @@ from speedlimit.cli.options import flag_option, scenario_options
 from speedlimit.errors import SpeedlimitError
 
 
+
+def _prefill_label(engine: dict) -> str:
+    if engine.get("chunked_prefill"):
+        return "chunked prefill"
+    return "whole prefill" if engine.get("prefill_first", True) else "whole prefill mixed with decodes"
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:,.2f}"
 
@@ -28,7 +34,7 @@ def simulation_table(summary: RunSummary) -> Table:
     name = f"{engine['engine']}: " if engine.get("engine") else ""
     table = Table(title=f"inside the engine ({name}{engine.get('mode', '?')}, max {engine.get('max_seqs')} sequences, "
                         f"{engine.get('max_batched_tokens'):,} tokens/step, "
-                        f"{'chunked' if engine.get('chunked_prefill') else 'whole'} prefill)",
+                        f"{_prefill_label(engine)})",
                   show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")

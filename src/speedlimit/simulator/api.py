@@ -116,6 +116,7 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
     if mode == "serial" and max_seqs not in (None, 1):
         raise SpeedlimitError("the serial scheduler runs one request at a time: drop --max-seqs or use --scheduler continuous")
     block_size = _whole("block-size", block_size, 1, 65_536)
+    prefill_first = True  # the generic scheduler without chunked prefill is vLLM V0's prefill-first
     if kv_tokens is not None:
         capacity = float(_whole("kv-tokens", kv_tokens, 1, 10**12))
     elif step is not None:
@@ -135,6 +136,8 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
                     "max_batched_tokens": profile.max_batched_tokens.at(memory)}
         if chunked_prefill is None:
             chunked_prefill = bool(profile.chunked_prefill.value)
+        if profile.prefill_first is not None:
+            prefill_first = bool(profile.prefill_first.value)
     max_seqs = _whole("max-seqs", defaults["max_seqs"] if max_seqs is None else max_seqs, 1, 1_000_000)
     tokens = _whole("max-batched-tokens", defaults["max_batched_tokens"] if max_batched_tokens is None
                     else max_batched_tokens, 1, 10_000_000)
@@ -142,6 +145,7 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
         tokens = max_seqs
     return EngineConfig(mode=mode, max_seqs=max_seqs, max_batched_tokens=tokens,
                         chunked_prefill=True if chunked_prefill is None else bool(chunked_prefill),
+                        prefill_first=prefill_first,
                         block_size=block_size, kv_capacity_tokens=capacity).check()
 
 
@@ -420,7 +424,8 @@ def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> 
     return {
         "model": step.arch.name, "hardware": step.device.name, "weights": step.weights_name, "kv": step.kv_name,
         "tp": step.tp, "engine": step.engine.key if step.engine is not None else None, "mode": engine.mode, "max_seqs": engine.slots, "max_batched_tokens": engine.max_batched_tokens,
-        "chunked_prefill": engine.chunked_prefill, "block_size": engine.block_size,
+        "chunked_prefill": engine.chunked_prefill, "prefill_first": engine.prefill_first,
+        "block_size": engine.block_size,
         "kv_capacity_tokens": engine.kv_capacity_tokens if math.isfinite(engine.kv_capacity_tokens) else None,
         "bw_efficiency": step.efficiency.bw_efficiency, "flops_efficiency": step.efficiency.flops_efficiency,
         "step_overhead_s": float(step.machine.step_overhead_s),

@@ -9,8 +9,9 @@ The engine (vLLM-v1-like, and llama.cpp's server with ``--parallel N``):
   join (from the FIFO queue) and leave (when done) at every step;
 - a cap on running sequences (``max_seqs``) and a per-step token budget (``max_batched_tokens``): decodes first,
   then the prefill chunks of running sequences, then new sequences from the queue while budget, slots and KV blocks
-  last. With ``chunked_prefill`` a prompt may be split over steps; without it a step either prefills whole prompts
-  (prefill-first: decodes pause) or decodes;
+  last. With ``chunked_prefill`` a prompt may be split over steps; without it a prompt is computed whole in one
+  step: with ``prefill_first`` (vLLM V0) a step either prefills whole prompts (decodes pause) or decodes, without it
+  (TensorRT-LLM's in-flight batching) whole prompts join the decodes' step while the token budget lasts;
 - a paged KV cache (``block_size``-token blocks, ``kv_capacity_tokens`` in all): a sequence holds ceil(cached/block)
   blocks; when a running sequence needs a block and none is free, the most recently admitted sequence is preempted
   (its blocks freed, it goes back to the head of the queue and later recomputes its prompt plus the tokens it had
@@ -53,6 +54,7 @@ class EngineConfig:
     max_seqs: int = 256
     max_batched_tokens: int = 8192
     chunked_prefill: bool = True
+    prefill_first: bool = True  # without chunked prefill: decodes pause while whole prompts prefill
     block_size: int = 16
     kv_capacity_tokens: float = math.inf
 
@@ -147,6 +149,7 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     slots = engine.slots
     budget_max = engine.max_batched_tokens
     chunked = engine.chunked_prefill
+    prefill_first = engine.prefill_first
     window = float(cost.window)
     windowed = math.isfinite(window)
     pool = len(prompts)
@@ -297,7 +300,7 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         completed_before = completed
         # --- decodes: every decoder, one token; blocks for those crossing a block boundary ------------------
         prefill_only = False
-        if not chunked and waiting and len(running) < slots:
+        if not chunked and prefill_first and waiting and len(running) < slots:
             head = waiting[0]
             need = _blocks(R_target[head], block)
             prefill_only = free_blocks >= need  # prefill-first: decodes wait while a prompt can start
@@ -321,7 +324,7 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         pf_pairs = 0.0
         pf_pairs_local = 0.0
         chunks: list[tuple[int, int]] = []
-        if chunked or prefill_only:
+        if chunked or prefill_only or not prefill_first:
             for rid in list(prefilling):
                 if budget <= 0:
                     break
