@@ -206,7 +206,10 @@ def test_sigint_to_bench_waiting_for_a_hanging_server() -> None:
             main()
         """)
         wait_for(process, READY)
-        time.sleep(2)  # the pre-flight is answered, the first request hangs
+        deadline = time.monotonic() + 60  # a loaded box may take long to import: wait for the server to see bench
+        while len(server.served) < 2 and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the pre-flight is answered, the first request hangs
         process.send_signal(signal.SIGINT)
         code, _, err = finish(process)
     assert code == 130 and "Traceback" not in err, err
