@@ -1,11 +1,14 @@
-"""Catalog facts: parameter counts against published figures, KV bytes per token by hand, hardware rows."""
+"""Catalog facts: parameter counts against published figures, KV bytes per token by hand, hardware rows and the
+memory capacities (the driver's readout where one is cited, else the vendor's nominal figure)."""
 
 import math
+import re
 
 import pytest
 
 from speedlimit.catalog import catalog_hardware, catalog_model, hardware_entries, hardware_names, model_entries, model_names
-from speedlimit.estimator import estimate
+from speedlimit.estimator import core, estimate
+from speedlimit.simulator.api import engine_config, resolve
 
 REQUIRED_MODELS = [
     "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "mistral-7b",
@@ -77,3 +80,34 @@ def test_hardware_rows_are_complete(key):
     assert 1e10 < device.memory_bandwidth_Bps < 1e14
     assert device.memory_bytes and 1e9 < device.memory_bytes < 1e13
     assert math.isfinite(device.peak_flops("bf16")) and device.peak_flops("bf16") > 1e11
+
+
+MIB = 1024 * 1024
+READOUTS = [key for key, entry in hardware_entries().items() if "memory_source" in entry]
+
+
+def test_the_cited_readouts_cover_the_common_gpus() -> None:
+    assert {"h100-sxm", "a100-sxm-80gb", "l40s", "l4", "rtx-4090", "rtx-3090"} <= set(READOUTS)
+
+
+@pytest.mark.parametrize("key", READOUTS)
+def test_a_cited_readout_is_a_url_and_whole_bytes(key: str) -> None:
+    entry = hardware_entries()[key]
+    assert entry["memory_source"].startswith("https://")
+    memory = catalog_hardware(key).memory_bytes
+    assert memory == int(memory)
+    assert entry["memory_bytes"] == int(entry["memory_bytes"])  # written as bytes, not rounded to a GB figure
+    # a readout is within 10% of the nominal figure the name states in GB, when it states one
+    nominal = re.search(r"(\d+)\s?GB", entry["name"])
+    if nominal:
+        assert 0.95 * float(nominal.group(1)) * 1e9 <= memory <= 1.10 * float(nominal.group(1)) * 1e9
+
+def test_h100_is_the_81559_mib_nvidia_smi_reports() -> None:
+    assert catalog_hardware("h100-sxm").memory_bytes == 81559 * MIB
+
+
+def test_the_kv_cache_gets_the_engines_fraction_of_the_reported_memory() -> None:
+    step = resolve("llama-3.3-70b", "h100-sxm", tp=2, weights="fp8", engine="tensorrt-llm")
+    free = 2 * 81559 * MIB * core.USABLE_MEMORY_FRACTION - step.cost.total_weight_bytes
+    per_token = float(core.kv_bytes_per_sequence(step.cost, 1.0))
+    assert engine_config(step=step).kv_capacity_tokens == math.floor(free / per_token)

@@ -77,3 +77,15 @@ def test_tensor_parallel_splits_work_and_adds_communication():
     t1 = float(core.decode_step_seconds(cost, one, 8, 1000))
     t4 = float(core.decode_step_seconds(cost, four, 8, 1000))
     assert t4 < t1 / 2  # memory time quarters, communication is small next to it
+
+
+def test_a_prefill_pays_the_lm_head_once_per_sequence_not_per_prompt_token():
+    arch = catalog_model("llama-3.2-3b")  # tied 128k-vocab head: 0.39 B of its 3.2 B matmul parameters
+    cost, _ = cost_model(arch, parse_precision("bf16"), parse_precision("bf16"))
+    head = 2.0 * arch.head_params
+    assert cost.head_flops_per_sequence == head
+    prompt = 512
+    assert core.step_matmul_flops(cost, core.prefill_batch(cost, 3, prompt)) == pytest.approx(
+        3 * prompt * (cost.matmul_flops_per_token - head) + 3 * head)
+    # a decode step still computes logits for every sequence: 2 FLOPs per matmul parameter per token
+    assert core.step_matmul_flops(cost, core.decode_batch(cost, 5, 100)) == pytest.approx(5 * cost.matmul_flops_per_token)

@@ -150,6 +150,7 @@ def cost_model(arch: Architecture, weights: Precision | WeightFormats | None, kv
         activation_bytes_per_token=float(core.ACTIVATION_VECTORS_PER_LAYER * arch.n_layers * arch.hidden_size * core.ACTIVATION_BYTES),
         allreduce_bytes_per_token=float(arch.hidden_size * core.ACTIVATION_BYTES),
         allreduces_per_step=float(2 * arch.n_layers),
+        head_flops_per_sequence=2.0 * arch.head_params,
     )
     return cost, bits
 
@@ -169,6 +170,7 @@ def ideal_cost_model(cost: core.CostModel, arch: Architecture) -> core.CostModel
         attn_flops_per_ctx_local=0.0,
         activation_bytes_per_token=0.0,
         allreduces_per_step=0.0,
+        head_flops_per_sequence=0.0,  # the seed formula: 2 FLOPs per parameter for every token
     )
 
 

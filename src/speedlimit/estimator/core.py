@@ -60,6 +60,10 @@ class CostModel(NamedTuple):
     activation_bytes_per_token: float | np.ndarray
     allreduce_bytes_per_token: float | np.ndarray  # one all-reduce message per token (hidden · 2 bytes)
     allreduces_per_step: float | np.ndarray  # 2 per layer under tensor parallelism
+    # 2 · LM-head parameters, part of matmul_flops_per_token: engines compute logits for one position per sequence
+    # in a step (the one they sample), not for every prompt token (llama.cpp outputs only the last token's logits
+    # unless asked; vLLM prunes hidden states to the sampled positions), so a prefill chunk pays the head once
+    head_flops_per_sequence: float | np.ndarray = 0.0
 
 
 class Machine(NamedTuple):
@@ -194,7 +198,8 @@ def step_flops(cost: CostModel, step: StepBatch):
 
 
 def step_matmul_flops(cost: CostModel, step: StepBatch):
-    return (step.decode_sequences + step.prefill_tokens) * cost.matmul_flops_per_token
+    body = (step.decode_sequences + step.prefill_tokens) * (cost.matmul_flops_per_token - cost.head_flops_per_sequence)
+    return body + (step.decode_sequences + step.prefill_sequences) * cost.head_flops_per_sequence
 
 
 def step_attention_flops(cost: CostModel, step: StepBatch):
