@@ -60,9 +60,10 @@ class CostModel(NamedTuple):
     activation_bytes_per_token: float | np.ndarray
     allreduce_bytes_per_token: float | np.ndarray  # one all-reduce message per token (hidden · 2 bytes)
     allreduces_per_step: float | np.ndarray  # 2 per layer under tensor parallelism
-    # 2 · LM-head parameters, part of matmul_flops_per_token: engines compute logits for one position per sequence
-    # in a step (the one they sample), not for every prompt token (llama.cpp outputs only the last token's logits
-    # unless asked; vLLM prunes hidden states to the sampled positions), so a prefill chunk pays the head once
+    # 2 · LM-head parameters, part of matmul_flops_per_token: engines compute logits only where they sample, one
+    # position per sequence in a step, so a prefill chunk pays the head once, not once per prompt token (llama.cpp,
+    # https://github.com/ggml-org/llama.cpp/blob/master/src/llama-batch.cpp: a batch without per-token output flags
+    # "return[s] the output only for the last token")
     head_flops_per_sequence: float | np.ndarray = 0.0
 
 
