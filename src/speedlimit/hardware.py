@@ -1,7 +1,9 @@
 """Hardware: a device's peak memory bandwidth, peak FLOPs per precision, capacity and links.
 
 `Hardware` is the validated record that the catalog (``catalog/hardware.toml``), custom flags
-(``--bandwidth/--flops/--memory``) and calibrated profiles all produce. `Efficiency` holds the
+(``--bandwidth/--flops/--memory``) and calibrated profiles all produce. A CPU record may also say how its memory is
+laid out (`CpuTopology`: sockets, NUMA nodes, cores, per-core bandwidth, the socket link), which
+`speedlimit.estimator.core.cpu_bandwidth_limits` turns into the bandwidth one inference process reaches. `Efficiency` holds the
 fractions of peak that real kernels achieve plus a fixed per-step overhead; defaults live in
 ``catalog/efficiency.toml`` with their basis.
 """
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from speedlimit.errors import SpeedlimitError, pydantic_message
 
@@ -30,6 +34,28 @@ _FLOPS_FALLBACK = {
 BANDWIDTH_RANGE_BPS = (1e6, 1e15)  # 1 MB/s .. 1 PB/s
 FLOPS_RANGE = (1e6, 1e18)  # 1 MFLOP/s .. 1 EFLOP/s
 MEMORY_RANGE_BYTES = (1e6, 1e15)  # 1 MB .. 1 PB
+MAX_CORES = 4096  # cores in one socket (today's largest have a few hundred)
+#: How llama.cpp places threads and weights over NUMA nodes (its --numa flag; "none" when not given).
+NUMA_POLICIES = ("none", "distribute", "isolate")
+
+
+class CpuTopology(NamedTuple):
+    """How a CPU machine's memory and cores are laid out, as far as one process's bandwidth depends on it.
+
+    ``per_core_Bps`` and ``link_Bps`` are NaN where unknown: that limit is then not applied.
+    """
+
+    sockets: int
+    nodes_per_socket: int
+    cores_per_socket: int
+    threads_per_core: int
+    per_core_Bps: float
+    link_Bps: float
+
+    @property
+    def cores(self) -> int:
+        """Physical cores of the whole machine (llama.cpp's default thread count)."""
+        return self.sockets * self.cores_per_socket
 
 
 def _check_range(value: float, low: float, high: float, what: str, example: str) -> float:
@@ -84,6 +110,44 @@ class Hardware(BaseModel):
     sequence_overhead_s: float | None = Field(None, ge=0, le=0.1)  # per running sequence per step (calibrate from bench)
     calibrated_at: str | None = None
     calibrated_from: list[str] = Field(default_factory=list)
+    # CPUs only (None elsewhere): the memory layout one process's threads see. memory_bandwidth_Bps is the whole
+    # machine's (all sockets summed); each NUMA node holds an equal share of it and of the cores.
+    sockets: int | None = Field(None, ge=1, le=64)
+    numa_nodes_per_socket: int | None = Field(None, ge=1, le=64)
+    cores_per_socket: int | None = Field(None, ge=1, le=MAX_CORES)
+    threads_per_core: int | None = Field(None, ge=1, le=8)
+    memory_channels_per_socket: int | None = Field(None, ge=1, le=64)
+    per_core_bandwidth_Bps: float | None = None  # what one core alone streams from DRAM (achievable, measured)
+    socket_link_Bps: float | None = None  # per direction, between two sockets (all links together)
+
+    @property
+    def topology(self) -> CpuTopology | None:
+        """The CPU memory layout, or None for a device that has none (GPUs, Apple SoCs, custom hardware)."""
+        if self.kind != "cpu" or self.cores_per_socket is None:
+            return None
+        return CpuTopology(sockets=self.sockets or 1, nodes_per_socket=self.numa_nodes_per_socket or 1,
+                           cores_per_socket=self.cores_per_socket, threads_per_core=self.threads_per_core or 1,
+                           per_core_Bps=self.per_core_bandwidth_Bps or math.nan,
+                           link_Bps=self.socket_link_Bps or math.nan)
+
+    @field_validator("per_core_bandwidth_Bps", "socket_link_Bps")
+    @classmethod
+    def _cpu_rates(cls, value: float | None, info: Any) -> float | None:
+        what = "per-core bandwidth (bytes/s)" if info.field_name == "per_core_bandwidth_Bps" else "socket link bandwidth (bytes/s)"
+        return None if value is None else _check_range(value, *BANDWIDTH_RANGE_BPS, what, "30e9")
+
+    @model_validator(mode="after")
+    def _layout(self) -> Hardware:
+        layout = (self.sockets, self.numa_nodes_per_socket, self.threads_per_core, self.memory_channels_per_socket,
+                  self.per_core_bandwidth_Bps, self.socket_link_Bps)
+        if any(value is not None for value in layout) and self.cores_per_socket is None:
+            raise ValueError("a CPU memory layout (sockets, NUMA nodes, per-core bandwidth) needs cores_per_socket")
+        if self.cores_per_socket is not None and self.kind != "cpu":
+            raise ValueError(f"cores_per_socket describes a CPU, not a {self.kind} device")
+        nodes = self.numa_nodes_per_socket or 1
+        if self.cores_per_socket is not None and self.cores_per_socket % nodes:
+            raise ValueError(f"{self.cores_per_socket} cores per socket do not split into {nodes} NUMA nodes")
+        return self
 
     @field_validator("memory_bandwidth_Bps")
     @classmethod

@@ -18,7 +18,7 @@ from speedlimit.architecture import Architecture
 from speedlimit.catalog import MAX_NAME_CHARS
 from speedlimit.engine_profile import EngineProfile
 from speedlimit.errors import SpeedlimitError, pydantic_message
-from speedlimit.hardware import Hardware, check_bandwidth, check_flops, check_memory
+from speedlimit.hardware import NUMA_POLICIES, Hardware, check_bandwidth, check_flops, check_memory
 from speedlimit.precision import MAX_WEIGHTS_CHARS
 from speedlimit.units import parse_quantity
 
@@ -27,6 +27,8 @@ MAX_BATCH = 10_000_000
 MAX_TOKENS = 100_000_000
 MAX_TP = 4096
 MAX_USD_PER_HOUR = 1e6
+# llama.cpp's thread pool holds at most GGML_MAX_N_THREADS = 512 threads (ggml/include/ggml.h).
+MAX_THREADS = 512
 # The peak-FLOPs columns a matmul can run at (hardware.toml `flops` keys).
 COMPUTE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4", "int4")
 
@@ -84,6 +86,12 @@ class Scenario(BaseModel):
     prompt: Annotated[int, Flag(("--prompt", "-p"))] = Field(512, ge=0, le=MAX_TOKENS, description="Prompt tokens per sequence.")
     output: Annotated[int, Flag(("--output", "-o"))] = Field(256, ge=1, le=MAX_TOKENS, description="Generated tokens per sequence.")
     tp: Annotated[int, Flag(("--tp",))] = Field(1, ge=1, le=MAX_TP, description="Tensor-parallel devices.")
+    threads: Annotated[int | None, Flag(("--threads", "-t"))] = Field(
+        None, ge=1, le=MAX_THREADS, description="CPU: threads of the llama.cpp run (default: every physical core of every "
+                                                "socket, as llama.cpp picks); hyperthreads add no bandwidth.")
+    numa: Annotated[Literal[NUMA_POLICIES] | None, Flag(("--numa",), text=True)] = Field(  # type: ignore[valid-type]
+        None, description="CPU: llama.cpp's --numa policy: none (default: the weights sit on one NUMA node), distribute "
+                          "(threads and weights spread over all nodes), isolate (one node's cores and memory).")
     ideal: Annotated[bool, Flag(("--ideal",))] = Field(
         False, description="The seed formula: peak bandwidth ÷ weight bytes, nothing else.")
     bw_efficiency: Annotated[float | None, Flag(("--bw-efficiency",))] = Field(
@@ -113,7 +121,7 @@ class Scenario(BaseModel):
             raise ValueError("is empty: pass a catalog name (see `speedlimit models`), a config.json, a .gguf, or a size like 7B")
         return value
 
-    @field_validator("batch", "prompt", "output", "tp", "bandwidth", "flops", "memory", "bw_efficiency",
+    @field_validator("batch", "prompt", "output", "tp", "threads", "bandwidth", "flops", "memory", "bw_efficiency",
                      "flops_efficiency", "step_overhead_s", "usd_per_hour", mode="before")
     @classmethod
     def _not_a_bool(cls, value: Any) -> Any:
@@ -152,7 +160,7 @@ class Scenario(BaseModel):
             raise ValueError(f"is {len(value):,} characters long; give bits or a format name like bf16 or q4_k_m")
         return value
 
-    @field_validator("compute", mode="before")
+    @field_validator("compute", "numa", mode="before")
     @classmethod
     def _compute(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
@@ -186,6 +194,10 @@ class Scenario(BaseModel):
             for field in ("bw_efficiency", "flops_efficiency", "step_overhead_s"):
                 if getattr(self, field) is not None:
                     raise ValueError(f"--ideal and {flag_name(field)} conflict: --ideal assumes 100% of peak and no overhead")
+            for field in ("threads", "numa"):
+                if getattr(self, field) is not None:
+                    raise ValueError(f"--ideal and {flag_name(field)} conflict: --ideal prices the peak bandwidth, whatever "
+                                     "the threads")
         return self
 
     @property

@@ -49,7 +49,7 @@ def _parse_list(text: str, what: str) -> list[float]:
 
 ESTIMATE_INPUTS = (
     "model", "hardware", "profile", "bandwidth", "flops", "memory", "weights", "kv", "engine", "compute", "batch", "prompt",
-    "output", "tp", "ideal", "bw_efficiency", "flops_efficiency", "step_overhead_s", "usd_per_hour",
+    "output", "tp", "threads", "numa", "ideal", "bw_efficiency", "flops_efficiency", "step_overhead_s", "usd_per_hour",
 )  # fmt: skip
 
 
@@ -101,6 +101,9 @@ def estimate_table(result: Estimate) -> Table:
         ("weights + KV cache", format_bytes(result.memory_bytes), f"KV {format_bytes(result.kv_bytes_per_token)}/token ({result.kv})"),
         ("fits in memory", _fits(result), f"max batch {_count_or_dash(result.max_batch)} at {result.prompt + result.output:,} tokens"),
     ]
+    if result.reached_bandwidth_Bps is not None:  # a CPU: what one process reaches with its threads and NUMA policy
+        rows.append(("memory bandwidth reached", f"{result.reached_bandwidth_Bps / 1e9:,.4g} GB/s",
+                     escape(result.bandwidth_basis)))
     if result.tp > 1:
         rows.append(("all-reduce / step", format_seconds(result.tp_comm_s), f"tensor parallel ×{result.tp}"))
     if result.usd_per_million_tokens is not None:
@@ -153,7 +156,7 @@ def _count_or_dash(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
 
-@scenario_options("output", "kv", "engine", "tp", "ideal")
+@scenario_options("output", "kv", "engine", "tp", "threads", "numa", "ideal")
 def sweep_command(
     inputs: dict[str, Any],
     model: Annotated[list[str], typer.Option("--model", "-m", help="Catalog name, config.json, .gguf or size; repeat for several.")],

@@ -3,7 +3,9 @@
 This is the single source of truth that the CLI, the web API, bench's ``--compare-estimate`` and
 verify's predictions all call; its ``to_dict()`` is exactly what ``speedlimit estimate --json`` prints.
 `resolve` turns a validated scenario into a `StepModel` (architecture, device, cost model, machine): what
-anything pricing steps (estimate, sweep, the curves, the simulator) evaluates.
+anything pricing steps (estimate, sweep, the curves, the simulator) evaluates. On a CPU with a known layout the
+machine's bandwidth and FLOP/s are what one process reaches with the scenario's threads and NUMA policy
+(`bandwidth_reach`, over `core.cpu_bandwidth_limits`), and the estimate says which bound that was.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from speedlimit.hardware import Efficiency, Hardware, custom_hardware
 from speedlimit.precision import WEIGHT_GROUPS, Precision, WeightFormats, parse_precision, parse_weights
 from speedlimit.scenario import COMPUTE_DTYPES, MAX_BATCH, MAX_TOKENS, MAX_TP, Scenario, scenario_from
 
-__all__ = ["COMPUTE_DTYPES", "MAX_BATCH", "MAX_TOKENS", "MAX_TP", "Estimate", "StepModel", "estimate",
-           "estimate_scenario", "resolve", "step_model"]
+__all__ = ["COMPUTE_DTYPES", "MAX_BATCH", "MAX_TOKENS", "MAX_TP", "BandwidthReach", "Estimate", "StepModel",
+           "bandwidth_reach", "estimate", "estimate_scenario", "resolve", "step_model"]
 
 
 class Estimate(Artifact):
@@ -76,6 +78,11 @@ class Estimate(Artifact):
     efficiency_basis: str
     engine: str = "llama-cpp"  # the serving-engine profile (catalog/engines.toml)
     sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
+    # the bandwidth the estimate priced (before bw_efficiency) and why: a CPU's threads and NUMA policy
+    reached_bandwidth_Bps: float | None = None  # what one process reaches (CPUs: <= bandwidth_Bps); None: the peak
+    bandwidth_basis: str = ""
+    threads: int | None = None  # CPU threads the estimate assumed (None: not a CPU with a known layout)
+    numa: str | None = None  # llama.cpp's NUMA policy the estimate assumed
 
 
 def group_params(arch: Architecture) -> dict[str, float]:
@@ -175,20 +182,94 @@ def ideal_cost_model(cost: core.CostModel, arch: Architecture) -> core.CostModel
 
 
 def machine_for(hardware: Hardware, efficiency: Efficiency, compute_dtype: str, tp: int, ideal: bool, kernels: float = 0.0,
-                peak_flops: float | None = None) -> core.Machine:
+                peak_flops: float | None = None, reach: BandwidthReach | None = None) -> core.Machine:
     """The achievable rates of ``tp`` devices; a step launching ``kernels`` kernels costs `Efficiency.overhead_s`.
 
     ``peak_flops``: the matmuls' peak per device when it is not one dtype's (per-group weight formats).
+    ``reach``: what one process reaches of a CPU's bandwidth and FLOPs (`bandwidth_reach`); ignored in ideal mode.
     """
     bw_eff, flops_eff, overhead = (1.0, 1.0, 0.0) if ideal else (efficiency.bw_efficiency, efficiency.flops_efficiency, efficiency.overhead_s(kernels))
+    bandwidth, flops_share = hardware.memory_bandwidth_Bps, 1.0
+    if reach is not None and not ideal:
+        bandwidth, flops_share = reach.bandwidth_Bps, reach.core_fraction
+    peak = hardware.peak_flops(compute_dtype) if peak_flops is None else peak_flops
     return core.Machine(
-        bandwidth_Bps=hardware.memory_bandwidth_Bps * bw_eff,
-        flops=(hardware.peak_flops(compute_dtype) if peak_flops is None else peak_flops) * flops_eff,
+        bandwidth_Bps=bandwidth * bw_eff,
+        flops=peak * flops_share * flops_eff,
         step_overhead_s=overhead,
         memory_bytes=hardware.memory_bytes if hardware.memory_bytes else math.nan,
         link_Bps=hardware.interconnect_Bps if hardware.interconnect_Bps else math.nan,
         tp=float(tp),
     )
+
+
+class BandwidthReach(NamedTuple):
+    """What one inference process reaches of a CPU machine (`core.cpu_bandwidth_limits`), and why, in words."""
+
+    bandwidth_Bps: float  # peak-equivalent bandwidth, before bw_efficiency
+    core_fraction: float  # of the machine's cores (and so of its peak FLOP/s) the threads run on
+    threads: int
+    numa: str
+    basis: str
+
+
+def bandwidth_reach(device: Hardware, threads: int | None = None, numa: str | None = None) -> BandwidthReach | None:
+    """The bandwidth ``threads`` threads reach on ``device`` under llama.cpp's ``numa`` policy; None for a device
+    without a CPU layout (GPUs, Apple SoCs, custom hardware: their peak stands).
+
+    ``threads`` None: llama.cpp's default, every physical core of every socket (common_cpu_get_num_physical_cores
+    counts the distinct thread-sibling sets of all CPUs). ``numa`` None: ``none`` (llama.cpp without --numa).
+    """
+    topology = device.topology
+    if topology is None:
+        if threads is not None or numa is not None:
+            given = "--threads" if threads is not None else "--numa"
+            why = (f"{device.name} is a {device.kind} device" if device.kind != "cpu" else
+                   f"{device.name} has no core count (rerun `speedlimit verify` and `speedlimit calibrate` for a profile with one)")
+            raise SpeedlimitError(f"{given} describes the threads of a CPU run, but {why}: leave it out")
+        return None
+    threads = topology.cores if threads is None else threads
+    numa = numa or "none"
+    limits = core.cpu_bandwidth_limits(device.memory_bandwidth_Bps, topology, threads, numa)
+    reached = float(limits.reached_Bps)
+    cores = int(float(limits.cores))
+    return BandwidthReach(reached, cores / topology.cores, threads, numa,
+                          _reach_basis(device, topology, limits, threads, numa, reached))
+
+
+def _gbs(value: float) -> str:
+    return f"{value / 1e9:,.4g} GB/s"
+
+
+def _reach_basis(device: Hardware, topology: Any, limits: core.BandwidthLimits, threads: int, numa: str,
+                 reached: float) -> str:
+    cores = int(float(limits.cores))
+    sockets = f"{topology.sockets} socket{'s' if topology.sockets > 1 else ''}"
+    nodes = topology.sockets * topology.nodes_per_socket
+    layout = sockets + (f" ({nodes} NUMA nodes)" if topology.nodes_per_socket > 1 else "")
+    if nodes > 1:
+        layout += f", numa {numa}"
+    run = f"{threads} thread{'s' if threads != 1 else ''}" + (f" on {cores} cores" if cores != threads else "")
+    memory = float(limits.memory_Bps)
+    holding = int(float(limits.nodes))
+    where = ("the machine's memory" if holding == nodes else "one NUMA node's memory" if holding == 1 else
+             f"the memory of the {holding} NUMA nodes that have threads")
+    bounds = {"threads": float(limits.threads_Bps), "memory": memory, "link": float(limits.link_Bps)}
+    binding = min(bounds, key=lambda name: bounds[name])
+    if binding == "threads":
+        why = f"bound by {cores} cores × {_gbs(topology.per_core_Bps)} per core, short of {where} ({_gbs(memory)})"
+    elif binding == "link":
+        why = (f"bound by the socket link: each other socket reads its 1/{topology.sockets} of the weights through "
+               f"{_gbs(topology.link_Bps)} per direction, short of {where} ({_gbs(memory)})")
+    else:
+        why = f"bound by {where}"
+    if numa == "none" and nodes > 1:
+        why += "; without --numa the weights sit on the one node whose thread loaded them"
+    usable = topology.cores_per_socket // topology.nodes_per_socket if numa == "isolate" else topology.cores
+    if not math.isfinite(topology.per_core_Bps) and threads < usable:
+        why += "; no per-core bandwidth figure, so fewer threads are priced as fewer FLOP/s only"
+    summed = "" if reached >= device.memory_bandwidth_Bps else f" of the {_gbs(device.memory_bandwidth_Bps)} summed peak"
+    return f"{layout}: {run} reach {_gbs(reached)}{summed}, {why}"
 
 
 def _finite_or_none(value: Any) -> float | None:
@@ -212,6 +293,7 @@ class StepModel(NamedTuple):
     ideal: bool
     engine: EngineProfile | None = None  # the serving engine whose costs and scheduler the step model carries
     peak_flops: float = math.nan  # peak FLOP/s per device of the matmuls (at compute_dtype, or mixed per group)
+    reach: BandwidthReach | None = None  # what one process reaches of a CPU machine (None: the device's peak)
 
     @property
     def step_overhead_s(self) -> float:
@@ -247,11 +329,12 @@ def resolve(scenario: Scenario) -> StepModel:
     if scenario.ideal:
         cost = ideal_cost_model(cost, arch)
     kernels = arch.decode_kernels * (engine.kernel_fraction.value if engine.kernel_fraction else 1.0)
-    machine = machine_for(device, efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels, peak_flops)
+    reach = None if scenario.ideal else bandwidth_reach(device, scenario.threads, scenario.numa)
+    machine = machine_for(device, efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels, peak_flops, reach)
     if not scenario.ideal:
         machine = machine._replace(**terms)
     return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv.name, compute_dtype, scenario.tp,
-                     scenario.ideal, engine, peak_flops)
+                     scenario.ideal, engine, peak_flops, reach)
 
 
 def compute_rate(arch: Architecture, device: Hardware, weights: Precision | WeightFormats | None,
@@ -369,6 +452,7 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
     """`estimate` of an already validated `Scenario`."""
     resolved = resolve(scenario)
     arch, device, cost, machine, efficiency = resolved.arch, resolved.device, resolved.cost, resolved.machine, resolved.efficiency
+    reach = resolved.reach
     batch, prompt, output, tp, ideal = scenario.batch, scenario.prompt, scenario.output, scenario.tp, scenario.ideal
 
     end_context = prompt + output
@@ -429,4 +513,8 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         efficiency_basis="ideal: peak bandwidth and FLOPs, weights only" if ideal else efficiency.basis,
         engine=resolved.engine.key,
         sequence_overhead_s=float(machine.sequence_overhead_s),
+        reached_bandwidth_Bps=reach.bandwidth_Bps if reach else None,
+        bandwidth_basis=reach.basis if reach else ("peak (ideal: the seed formula)" if ideal else "the device's peak"),
+        threads=reach.threads if reach else None,
+        numa=reach.numa if reach else None,
     )

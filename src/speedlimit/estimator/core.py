@@ -20,6 +20,11 @@ flops      = 2 · parameters per token · tokens + attention over each query's k
 
 Decode-only (`decode_step`) and prefill-only (`prefill_step`) steps are special cases; `estimate`, `sweep`,
 the curves, verify, calibrate and simulate all price steps through `step_seconds`.
+
+On a CPU, the bandwidth one process reaches (`cpu_bandwidth_limits`) depends on how many cores its threads run on
+and on which NUMA nodes hold the weights: the smallest of the threads' own rate, the memory of the nodes that
+hold the weights, and the socket link that remote threads read through. `Machine.bandwidth_Bps` is that times
+bw_efficiency.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import math
 from typing import NamedTuple
 
 import numpy as np
+
+from speedlimit.hardware import NUMA_POLICIES
 
 # Fraction of device memory a serving engine may fill with weights + KV cache; the rest is the
 # runtime, activations and fragmentation (vLLM's default gpu_memory_utilization is 0.9).
@@ -112,6 +119,60 @@ class StepBatch(NamedTuple):
     @property
     def sequences(self):
         return self.decode_sequences + self.prefill_sequences
+
+
+# --------------------------------------------------------------------------------------------
+# the bandwidth one process reaches on a CPU
+
+class BandwidthLimits(NamedTuple):
+    """What bounds the memory bandwidth one inference process reaches on a CPU machine (bytes/s, broadcastable).
+
+    The process reaches the smallest of them (`reached_Bps`); inf means that bound does not apply.
+    """
+
+    threads_Bps: float | np.ndarray  # cores the threads run on × what one core streams (inf: per-core unknown)
+    memory_Bps: float | np.ndarray  # peak of the NUMA nodes holding the weights
+    link_Bps: float | np.ndarray  # what remote threads read through the socket links (inf: none read remotely)
+    cores: float | np.ndarray  # physical cores the threads run on (hyperthreads add none)
+    nodes: float | np.ndarray  # NUMA nodes holding the weights
+
+    @property
+    def reached_Bps(self):
+        return np.minimum(np.minimum(self.threads_Bps, self.memory_Bps), self.link_Bps)
+
+
+def cpu_bandwidth_limits(memory_bandwidth_Bps, topology, threads, numa: str = "none") -> BandwidthLimits:
+    """The bounds on the bandwidth a process with ``threads`` threads reaches on a CPU machine.
+
+    ``memory_bandwidth_Bps`` is the whole machine's peak (all sockets); ``topology`` a `speedlimit.hardware.CpuTopology`.
+    Every NUMA node holds an equal share of the channels and the cores. Threads run on distinct physical cores while
+    there are any (a second thread on a core adds no bandwidth), and each core streams ``per_core_Bps``.
+
+    - ``none``: the weights are loaded by one thread, so first touch puts every page on one node, and the scheduler
+      spreads the threads over all sockets: the reach is one node's memory, and each other socket reads its share
+      (1/sockets of the bytes) through its link to that node, so the links carry at most sockets × link_Bps.
+    - ``distribute``: threads round-robin over the nodes and fault in the pages they use, so each node serves its
+      own threads: the reach is the memory of every node that has a thread.
+    - ``isolate``: threads stay on the node the process started on, with the weights: one node's cores and memory.
+    """
+    if numa not in NUMA_POLICIES:
+        raise ValueError(f"unknown NUMA policy {numa!r}: one of {', '.join(NUMA_POLICIES)}")
+    sockets, per_socket = float(topology.sockets), float(topology.nodes_per_socket)
+    nodes = sockets * per_socket
+    node_Bps = np.asarray(memory_bandwidth_Bps, dtype=float) / nodes
+    usable = topology.cores_per_socket / per_socket if numa == "isolate" else float(topology.cores)
+    cores = np.minimum(np.asarray(threads, dtype=float), usable)
+    per_core = topology.per_core_Bps
+    threads_Bps = cores * per_core if math.isfinite(per_core) else np.full_like(cores, math.inf)
+    if numa == "distribute":
+        holding = np.minimum(nodes, cores)
+        link = math.inf
+    else:
+        holding = np.ones_like(cores)
+        remote = numa == "none" and sockets > 1 and math.isfinite(topology.link_Bps)
+        link = sockets * topology.link_Bps if remote else math.inf
+    return BandwidthLimits(threads_Bps=threads_Bps, memory_Bps=holding * node_Bps, link_Bps=np.full_like(cores, link),
+                           cores=cores, nodes=holding)
 
 
 # --------------------------------------------------------------------------------------------

@@ -142,11 +142,14 @@ def sweep_arrays(
     tp: int = 1,
     ideal: bool = False,
     engine: Any = None,
+    threads: int | None = None,
+    numa: str | None = None,
 ) -> dict[str, np.ndarray]:
     """The grid as arrays of shape (models·weights, hardware, batch, context).
 
     Each model × weights × hardware cell is a `Scenario` resolved like a single estimate (same validation, cost
-    model and machine); batch and context are the broadcast axes.
+    model and machine); batch and context are the broadcast axes. ``threads`` and ``numa`` apply to the CPUs of the
+    grid (a grid mixes devices); naming them when no device is a CPU with a known layout is an error.
     """
     for name, axis in (("model", models), ("hardware", hardware), ("weights", weights)):
         if not axis:
@@ -154,9 +157,14 @@ def sweep_arrays(
     check_grid_size(models, hardware, weights, batches, contexts, limit=MAX_GRID_CONFIGS)
     batch = _check_axis("batch", batches, 1, MAX_BATCH).reshape(1, 1, -1, 1)
     context = _check_axis("context", contexts, 0, MAX_TOKENS).reshape(1, 1, 1, -1)
+    cpu = {"threads": threads, "numa": numa}
+    if (threads is not None or numa is not None) and not any(device.topology for device in hardware):
+        given = "--threads" if threads is not None else "--numa"
+        raise SpeedlimitError(f"{given} describes the threads of a CPU run, but no hardware of this sweep is a CPU with "
+                              "a known layout: leave it out")
     cells = [
         [resolve(scenario_from(model=arch, hardware=device, weights=w, kv=kv, tp=tp, ideal=ideal, output=output,
-                               engine=engine))
+                               engine=engine, **(cpu if device.topology else {})))
          for device in hardware]
         for arch in models
         for w in weights
@@ -190,13 +198,15 @@ def sweep_grid(
     tp: int = 1,
     ideal: bool = False,
     engine: Any = None,
+    threads: int | None = None,
+    numa: str | None = None,
 ) -> SweepResult:
     """Resolve names, evaluate the grid, and flatten it to one row per configuration."""
     check_grid_size(models, hardware, weights, batches, contexts)
     archs = [resolve_model(m) for m in models]
     devices = [resolve_hardware(h) for h in hardware]
     arrays = sweep_arrays(archs, devices, weights, batches, contexts, output=output, kv=kv, tp=tp, ideal=ideal,
-                          engine=engine)
+                          engine=engine, threads=threads, numa=numa)
     shape = (len(archs) * len(weights), len(devices), len(batches), len(contexts))
     full = {k: np.broadcast_to(v, shape).reshape(-1) for k, v in arrays.items()}
     mw, h, b, c = (axis.reshape(-1) for axis in np.indices(shape))

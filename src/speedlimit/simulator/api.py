@@ -445,7 +445,7 @@ def with_sequence_overhead(step: StepModel, sequence_overhead_s: float | None) -
 
 def resolve(model: Any, hardware: Any, *, sequence_overhead_s: float | None = None, **inputs: Any) -> StepModel:
     """The model on the hardware, resolved as `estimate` resolves it (``inputs``: the `Scenario` fields weights, kv,
-    compute, tp, ideal, bw_efficiency, flops_efficiency, step_overhead_s), with the engine's per-sequence overhead."""
+    compute, tp, threads, numa, ideal, bw_efficiency, flops_efficiency, step_overhead_s), with the engine's per-sequence overhead."""
     inputs = {k: v for k, v in inputs.items() if v is not None or k in ("weights",)}
     return with_sequence_overhead(step_model(model, hardware, **inputs), sequence_overhead_s)
 
@@ -455,7 +455,7 @@ def _slo(slo: Any) -> dict[str, float]:
 
 
 def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None, tp: int = 1, ideal: bool = False,
-             bw_efficiency: float | None = None, flops_efficiency: float | None = None,
+             threads: int | None = None, numa: str | None = None, bw_efficiency: float | None = None, flops_efficiency: float | None = None,
              step_overhead_s: float | None = None, sequence_overhead_s: float | None = None,
              concurrency: int | None = None, rate: float | None = None, burstiness: float = 1.0,
              requests: int | None = None, duration_s: float | None = None, prompt_tokens: Any = 128,
@@ -471,8 +471,8 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None
     defaults) and the scheduler's knobs, which override the profile's; ``slo`` for goodput ("ttft=500ms,tpot=50ms").
     """
     engine, scheduler, use_profile = split_engine(engine, scheduler)
-    step = resolve(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal,
-                   bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead_s,
+    step = resolve(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal, threads=threads,
+                   numa=numa, bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead_s,
                    sequence_overhead_s=sequence_overhead_s, engine=engine)
     config = engine_config(scheduler, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
                            chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step,
