@@ -164,11 +164,15 @@ JSON_VALUES = st.recursive(
     max_leaves=8,
 )
 
+NUMA_VALUES = st.one_of(st.sampled_from(["none", "distribute", "isolate", "ISOLATE", " none ", "mirror", "numactl", ""]), TEXT)
+# a CPU (one and two sockets) often enough that --threads/--numa are priced, not only refused on a GPU
+NAMES_OR_CPU = st.one_of(NAMES, st.sampled_from(["amd-epyc-9654", "amd-epyc-9654-2p", "intel-xeon-8480-2p"]))
 ESTIMATE_VALUE_FLAGS = {
-    "--hardware": NAMES, "--profile": NAMES, "--bandwidth": NUMBERS, "--flops": NUMBERS, "--memory": NUMBERS,
+    "--hardware": NAMES_OR_CPU, "--profile": NAMES, "--bandwidth": NUMBERS, "--flops": NUMBERS, "--memory": NUMBERS,
     "--weights": FORMATS, "--kv": FORMATS, "--compute": st.one_of(st.sampled_from(["bf16", "fp8", "fp7"]), TEXT),
     "--batch": NUMBERS, "--prompt": NUMBERS, "--output": NUMBERS, "--tp": NUMBERS, "--bw-efficiency": NUMBERS,
     "--flops-efficiency": NUMBERS, "--step-overhead": NUMBERS, "--usd-per-hour": NUMBERS,
+    "--threads": NUMBERS, "--numa": NUMA_VALUES,
 }  # fmt: skip
 ESTIMATE_SWITCHES = ["--ideal", "--no-ideal", "--allow-no-fit", "--json"]
 
@@ -271,13 +275,16 @@ def test_estimate_any_bytes_after_gguf_magic(isolated: Path, data: bytes) -> Non
 
 
 @FUZZ
-@given(models=st.lists(NAMES, min_size=0, max_size=2), hardware=st.lists(NAMES, min_size=0, max_size=2),
+@given(models=st.lists(NAMES, min_size=0, max_size=2), hardware=st.lists(NAMES_OR_CPU, min_size=0, max_size=2),
        weights=FORMATS, batch=st.one_of(NUMBERS, st.sampled_from(["1:256", "0:4", "8:1", "1:1e300", "1,2,,4"])),
        context=st.one_of(NUMBERS, st.sampled_from(["128:32768", "1:1e12"])), output=NUMBERS,
-       fmt=st.sampled_from(["csv", "json", "xml"]))
-def test_sweep_any_flags(models, hardware, weights, batch, context, output, fmt) -> None:
+       fmt=st.sampled_from(["csv", "json", "xml"]),
+       cpu=st.lists(st.one_of(st.tuples(st.just("--threads"), NUMBERS), st.tuples(st.just("--numa"), NUMA_VALUES)),
+                    max_size=2))
+def test_sweep_any_flags(models, hardware, weights, batch, context, output, fmt, cpu) -> None:
     argv = ["sweep", *[a for m in models for a in ("-m", m)], *[a for h in hardware for a in ("-H", h)],
-            "--weights", weights, "--batch", batch, "--context", context, "--output", output, "--format", fmt]
+            "--weights", weights, "--batch", batch, "--context", context, "--output", output, "--format", fmt,
+            *[a for pair in cpu for a in pair]]
     check(invoke(*argv))
 
 
@@ -594,11 +601,13 @@ SIMULATE_VALUES = st.one_of(
 @given(flags=st.lists(st.tuples(st.sampled_from(["--prompt-tokens", "--output-tokens", "--concurrency", "--rate",
                                                  "--requests", "--duration", "--sweep", "--slo", "--seed", "--engine",
                                                  "--max-seqs", "--max-batched-tokens", "--block-size", "--kv-tokens",
-                                                 "--burstiness", "--knee-fraction", "--sequence-overhead"]),
+                                                 "--burstiness", "--knee-fraction", "--sequence-overhead",
+                                                 "--threads", "--numa"]),
                                 SIMULATE_VALUES), max_size=4),
-       switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--chunked-prefill"]), max_size=2))
-def test_simulate_any_flags(flags: list[tuple[str, str]], switches: list[str]) -> None:
-    argv = ["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", *[a for pair in flags for a in pair], *switches]
+       switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--chunked-prefill"]), max_size=2),
+       hardware=st.sampled_from(["h100-sxm", "amd-epyc-9654-2p"]))
+def test_simulate_any_flags(flags: list[tuple[str, str]], switches: list[str], hardware: str) -> None:
+    argv = ["simulate", "-m", "llama-3.1-8b", "-H", hardware, *[a for pair in flags for a in pair], *switches]
     check(invoke(*argv))
 
 

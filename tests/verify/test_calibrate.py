@@ -146,6 +146,27 @@ def test_calibrate_saves_profile_that_estimate_uses(cli, tmp_path: Path, isolate
     assert estimate["step_overhead_s"] == pytest.approx(0.003, rel=1e-3)
 
 
+def test_profile_keeps_the_measured_one_thread_and_all_thread_bandwidth(cli, tmp_path: Path, isolated_config: Path) -> None:
+    result = verify_result(synthetic_points(0.45, 0.35, 0.003))
+    result["bandwidth"] = {"single_thread_Bps": 0.6 * BANDWIDTH}  # 1 thread streams 60% of what 2 do
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(result))
+    _, measured, _, _ = load_calibration_inputs([path])
+    assert (measured.cores_per_socket, measured.sockets, measured.per_core_bandwidth_Bps) == (2, 1, 0.6 * BANDWIDTH)
+    done = cli(["calibrate", str(path), "--name", "threadbox", "--json"])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["bw_efficiency"] == pytest.approx(0.45, rel=1e-6)  # fitted on the 2-thread figure
+    hardware = load_profile_hardware("threadbox")
+    assert (hardware.cores_per_socket, hardware.per_core_bandwidth_Bps) == (2, 0.6 * BANDWIDTH)
+
+    default = json.loads(cli(["estimate", "--model", "smollm2-135m", "--hardware", "threadbox", "--json"]).stdout)
+    one = json.loads(cli(["estimate", "--model", "smollm2-135m", "--hardware", "threadbox", "--threads", "1",
+                          "--json"]).stdout)
+    assert (default["threads"], default["reached_bandwidth_Bps"]) == (2, BANDWIDTH)
+    assert (one["threads"], one["reached_bandwidth_Bps"]) == (1, 0.6 * BANDWIDTH)
+    assert one["decode_tok_s"] < default["decode_tok_s"]
+
+
 def test_calibrate_table_shows_before_and_after(cli, tmp_path: Path) -> None:
     path = tmp_path / "verify.json"
     path.write_text(json.dumps(verify_result(synthetic_points(0.45, 0.35, 0.003))))

@@ -35,6 +35,8 @@ CASES = [
      ["--weights", "q4_k_m", "--kv", "fp8", "--batch", "8", "--prompt", "2000", "--output", "1000"]),
     ({"model": "llama-3.1-70b", "hardware": "h100-sxm", "weights": "fp8", "tp": 2, "batch": 16}, ["--weights", "fp8", "--tp", "2", "--batch", "16"]),
     ({"model": "mixtral-8x7b", "hardware": "h200", "batch": 4}, ["--batch", "4"]),
+    ({"model": "llama-3.1-8b", "hardware": "amd-epyc-9654-2p", "weights": "q4_k_m", "threads": 96, "numa": "distribute"},
+     ["--weights", "q4_k_m", "--threads", "96", "--numa", "distribute"]),
 ]  # fmt: skip
 
 
@@ -108,6 +110,8 @@ def test_catalog_endpoints(client):
         ({"model": "llama-3.1-8b"}, "hardware"),
         ({"hardware": "h100-sxm"}, "model"),
         ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "batchsize": 4}, "unknown field"),
+        ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "threads": 8}, "threads describes the threads of a CPU"),
+        ({"model": "llama-3.1-8b", "hardware": "amd-epyc-9654", "numa": "mirror"}, "numa"),
         ({"model": "/etc/passwd", "hardware": "h100-sxm"}, "does not read files"),
         ({"model": "x.gguf", "hardware": "h100-sxm"}, "does not read files"),
         ({"config": {"model_type": "llama"}, "hardware": "h100-sxm"}, "config is missing"),

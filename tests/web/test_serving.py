@@ -44,7 +44,9 @@ POINT_KEYS = {"ttft_p50_s": ("ttft_s", "p50"), "ttft_p99_s": ("ttft_s", "p99"), 
     {"load": "concurrency", "values": [1, 4, 16, 64], "slo": "ttft=150ms,tpot=15ms"},
     {"load": "rate", "values": [2, 10, 40], "seed": 3, "max_seqs": 32, "weights": "fp8"},
     {"load": "concurrency", "values": [1, 2, 4], "engine": "serial", "output": 64},
-], ids=["concurrency-slo", "rate", "serial"])
+    {"load": "concurrency", "values": [1, 2], "hardware": "amd-epyc-9654-2p", "weights": "q4_k_m", "threads": 96,
+     "numa": "distribute", "output": 32},
+], ids=["concurrency-slo", "rate", "serial", "cpu-numa"])
 def test_every_level_equals_the_command_line_it_prints(client, body):
     response = _post(client, **body)
     assert response.status_code == 200, response.text

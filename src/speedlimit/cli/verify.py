@@ -261,6 +261,7 @@ def calibrate_command(
             raise SpeedlimitError(f"{flag} applies to a bench run directory; verify results and summaries name their own")
     from speedlimit.catalog import default_efficiency, resolve_hardware
     from speedlimit.catalog.profiles import profile_path, profiles_dir, save_profile
+    from speedlimit.estimator.api import bandwidth_reach
     from speedlimit.verify.fit import fit_calibration, load_calibration_inputs, profile_record
 
     profile_path(name)  # validate the name before any work
@@ -276,7 +277,10 @@ def calibrate_command(
     else:
         raise SpeedlimitError("cannot tell which hardware these results are from: pass --hardware NAME")
     flops = base.peak_flops("bf16")
-    fit = fit_calibration(points, base.memory_bandwidth_Bps, flops, default_efficiency(base))
+    # a CPU's fit is relative to what llama.cpp's default threads reach (bandwidth_reach): the bandwidth estimate
+    # prices, so that the profile's bw_efficiency applies to it (a verify run's machine has as many cores as it ran)
+    reach = bandwidth_reach(base)
+    fit = fit_calibration(points, reach.bandwidth_Bps if reach else base.memory_bandwidth_Bps, flops, default_efficiency(base))
     fit.notes[:0] = notes
 
     before, after = fit.error_before["all"], fit.error_after["all"]
@@ -370,7 +374,7 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
     if not math.isfinite(peak_flops):
         raise SpeedlimitError(f"{base.name} has no peak FLOP/s figure: pass --hardware with one")
     cap = 1.0 if step.engine.mode.value == "serial" else float(step.engine.max_seqs.at(base.memory_bytes))
-    points = deployment_points(levels, step.cost, tp, base.memory_bandwidth_Bps, peak_flops,
+    points = deployment_points(levels, step.cost, tp, step.reach.bandwidth_Bps if step.reach else base.memory_bandwidth_Bps, peak_flops,
                                base.interconnect_Bps or math.nan, max_sequences=cap)
     prior = DeploymentParams(bw_efficiency=step.efficiency.bw_efficiency, flops_efficiency=step.efficiency.flops_efficiency,
                              step_overhead_s=float(step.machine.step_overhead_s),

@@ -292,7 +292,7 @@ def load_calibration_inputs(paths: list[Path]) -> tuple[list[CalibrationPoint], 
                         vendor="measured", kind="cpu", memory_bandwidth_Bps=result.measured_bandwidth_Bps,
                         memory_bytes=result.machine.memory_bytes,
                         flops={"fp32": result.measured_flops} if result.measured_flops else {},
-                        source=f"speedlimit verify ({path})")
+                        source=f"speedlimit verify ({path})", **measured_layout(result))
                 except ValidationError as error:
                     raise SpeedlimitError(f"{path}: the measured machine is unusable ({pydantic_message(error)})") from None
         elif "estimate" in data or "points" in data or "itl_s" in data:
@@ -304,6 +304,27 @@ def load_calibration_inputs(paths: list[Path]) -> tuple[list[CalibrationPoint], 
             raise SpeedlimitError(f"{path} is neither a `speedlimit verify` result nor a bench summary.json")
         points += found
     return points, measured, bench_hardware, notes
+
+
+def measured_layout(result: VerifyResult) -> dict[str, Any]:
+    """The CPU layout a verify run measured: its bandwidth threads as one socket's cores, and one thread's bandwidth.
+
+    verify streams arrays that one thread allocated (first touch on one NUMA node) with all its threads, so its
+    all-thread figure is what llama.cpp without --numa reaches: the machine counts as one socket and node, with as
+    many cores as threads measured (logical CPUs where SMT is on: the measurement ran on them). Without a 1-thread
+    figure (``--no-single-thread``) there is no per-core bandwidth and threads only scale FLOP/s.
+    """
+    threads = result.settings.threads if result.settings else result.threads
+    if not threads:
+        return {}
+    single = result.bandwidth.single_thread_Bps if result.bandwidth else None
+    return {"sockets": 1, "numa_nodes_per_socket": 1, "cores_per_socket": int(threads), "threads_per_core": 1,
+            "per_core_bandwidth_Bps": single}
+
+
+#: The CPU layout fields a profile carries over from the hardware it was calibrated on.
+LAYOUT_FIELDS = ("sockets", "numa_nodes_per_socket", "cores_per_socket", "threads_per_core", "memory_channels_per_socket",
+                 "per_core_bandwidth_Bps", "socket_link_Bps")
 
 
 def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list[str]) -> dict[str, Any]:
@@ -325,6 +346,7 @@ def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list
         "calibrated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "fit_error_before": fit.error_before["all"],
         "fit_error_after": fit.error_after["all"],
+        **{field: getattr(base, field) for field in LAYOUT_FIELDS},
         "flops": dict(base.flops),
     }
 
@@ -602,5 +624,6 @@ def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str
         "fit_error_fit_fold": fit.errors["fit"]["fitted"],
         "fit_error_held_out": fit.errors["held-out"]["fitted"],
         "prior_error_held_out": fit.errors["held-out"]["prior"],
+        **{field: getattr(base, field) for field in LAYOUT_FIELDS},
         "flops": dict(base.flops),
     }

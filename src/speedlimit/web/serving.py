@@ -169,6 +169,7 @@ def _command_line(body: Any, scenario: Any, parameter: str, values: list[float],
     inputs = scenario.model_dump(exclude={"model", "batch", "prompt", "output", "usd_per_hour"})
     flags = {"hardware": "-H", "profile": "--profile", "bandwidth": "--bandwidth", "flops": "--flops",
              "memory": "--memory", "weights": "--weights", "kv": "--kv", "compute": "--compute", "tp": "--tp",
+             "threads": "--threads", "numa": "--numa",
              "bw_efficiency": "--bw-efficiency", "flops_efficiency": "--flops-efficiency",
              "step_overhead_s": "--step-overhead"}
     for field, flag in flags.items():
