@@ -68,3 +68,12 @@ def test_roofline_point_sits_under_the_roof():
     assert 0 < roof["point"]["flops"] <= attainable * (1 + 1e-9)
     assert roof["ridge_intensity"] == pytest.approx(result["flops"] / result["bandwidth_Bps"])
     assert roof["intensity"][0] < result["arithmetic_intensity"] < roof["intensity"][-1]
+
+
+def test_roofline_of_a_two_socket_cpu_uses_the_bandwidth_one_process_reaches():
+    result = estimate("llama-3.1-8b", "amd-epyc-9654-2p", weights="q4_k_m", batch=4).to_dict()
+    roof = roofline(result)
+    memory_roof = roof["effective_roof_flops"][0] / roof["intensity"][0]  # the low-intensity end is memory-bound
+    assert memory_roof == pytest.approx(result["reached_bandwidth_Bps"] * result["bw_efficiency"])
+    assert memory_roof < 0.6 * result["bandwidth_Bps"] * result["bw_efficiency"]  # not the summed peak
+    assert 0 < roof["point"]["flops"] <= result["arithmetic_intensity"] * memory_roof * (1 + 1e-9)

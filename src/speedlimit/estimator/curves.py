@@ -128,7 +128,8 @@ def roofline(result: dict[str, Any]) -> dict[str, Any]:
     """
     bw_peak = float(result["bandwidth_Bps"])
     flops_peak = result.get("flops")
-    bw_eff = bw_peak * float(result["bw_efficiency"])
+    # a CPU process reaches less than the summed peak (its threads, the NUMA node holding the weights)
+    bw_eff = float(result.get("reached_bandwidth_Bps") or bw_peak) * float(result["bw_efficiency"])
     flops_eff = None if flops_peak is None else float(flops_peak) * float(result["flops_efficiency"])
     intensity = float(result["arithmetic_intensity"])
     achieved = float(result["flops_per_token"]) * float(result["throughput_tok_s"]) / int(result["tp"])

@@ -245,7 +245,8 @@ function render(data, mySeq) {
   renderMemory(e);
   $("basis-text").textContent = `${e.model} on ${e.hardware}, weights ${e.weights} (${fmtNum(e.weight_bits)} bits), KV ${e.kv}, ${e.mode} mode: `
     + `bandwidth ${fmtBytes(e.bandwidth_Bps)}/s × ${e.bw_efficiency}, peak ${e.flops === null ? "unknown" : fmtSI(e.flops, "FLOP/s")} × ${e.flops_efficiency}, `
-    + `step overhead ${fmtSeconds(e.step_overhead_s)}.`;
+    + `step overhead ${fmtSeconds(e.step_overhead_s)}.`
+    + (e.threads === null || e.threads === undefined ? "" : ` CPU: ${e.bandwidth_basis}.`);
   renderBasis(e.efficiency_basis || "");
   window.speedlimit.last = data;
   window.speedlimit.cardSeq = mySeq;
