@@ -1,17 +1,16 @@
 """Hardware: a device's peak memory bandwidth, peak FLOPs per precision, capacity and links.
 
 `Hardware` is the validated record that the catalog (``catalog/hardware.toml``), custom flags
-(``--bandwidth/--flops/--memory``) and calibrated profiles all produce. A CPU record may also say how its memory is
-laid out (`CpuTopology`: sockets, NUMA nodes, cores, per-core bandwidth, the socket link), which
-`speedlimit.estimator.core.cpu_bandwidth_limits` turns into the bandwidth one inference process reaches. `Efficiency` holds the
-fractions of peak that real kernels achieve plus a fixed per-step overhead; defaults live in
-``catalog/efficiency.toml`` with their basis.
+(``--bandwidth/--flops/--memory``) and calibrated profiles all produce. A CPU record may also say how its
+memory is laid out (`CpuTopology`: sockets, NUMA nodes, cores, per-core bandwidth, the socket link), which
+`speedlimit.estimator.core.cpu_bandwidth_limits` turns into the bandwidth one inference process reaches.
+`Efficiency` holds the fractions of peak that real kernels achieve plus a fixed per-step overhead; defaults live
+in ``catalog/efficiency.toml`` with their basis.
 """
 
 from __future__ import annotations
 
 import math
-
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator

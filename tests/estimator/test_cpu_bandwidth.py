@@ -201,3 +201,16 @@ def test_simulate_runs_at_the_reached_bandwidth() -> None:
     none = resolve("llama-3.1-8b", "amd-epyc-9654-2p", weights="q4_k_m")
     spread = resolve("llama-3.1-8b", "amd-epyc-9654-2p", weights="q4_k_m", numa="distribute")
     assert float(spread.machine.bandwidth_Bps) == pytest.approx(2 * float(none.machine.bandwidth_Bps))
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"kind": "gpu", "cores_per_socket": 8}, "describes a CPU"),
+    ({"sockets": 2}, "needs cores_per_socket"),
+    ({"cores_per_socket": 6, "numa_nodes_per_socket": 4}, "do not split into 4 NUMA nodes"),
+    ({"cores_per_socket": 8, "per_core_bandwidth_Bps": 1e30}, "per-core bandwidth"),
+    ({"cores_per_socket": 8, "socket_link_Bps": -1.0}, "socket link bandwidth"),
+    ({"cores_per_socket": 0}, "cores_per_socket"),
+])  # fmt: skip
+def test_a_bad_cpu_layout_is_refused(fields: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        Hardware(**{"key": "x", "name": "x", "kind": "cpu", "memory_bandwidth_Bps": 100e9, **fields})

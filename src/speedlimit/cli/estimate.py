@@ -249,6 +249,7 @@ def hardware_command(as_json: Annotated[bool, flag_option("--json/--no-json", "P
                 "memory_bytes": device.memory_bytes,
                 "flops": device.flops,
                 "interconnect_Bps": device.interconnect_Bps,
+                "sockets": device.sockets,  # CPUs: memory_bandwidth_Bps is summed over them (None: not a CPU)
                 "source": hardware_entries()[key].get("source", ""),
             }
         )

@@ -1,7 +1,8 @@
 """The fit of `speedlimit calibrate`: measured step times -> bw_efficiency, flops_efficiency, step_overhead_s.
 
 Also reads its inputs (`load_calibration_inputs`: verify results, bench summaries) and builds the profile
-record that `speedlimit.catalog.profiles.save_profile` stores.
+record that `speedlimit.catalog.profiles.save_profile` stores, with the CPU layout the profile's machine has (a
+verify run's: its thread count and its 1-thread bandwidth, `measured_layout`), so that `--threads` prices it.
 """
 
 from __future__ import annotations

@@ -170,6 +170,7 @@ def create_app() -> FastAPI:
                 "kind": entry.get("kind", ""),
                 "memory_bytes": entry.get("memory_bytes"),
                 "memory_bandwidth_Bps": entry.get("memory_bandwidth_Bps"),
+                "sockets": entry.get("sockets"),  # CPUs: the bandwidth is summed over them
                 "source": entry.get("source", ""),
             }
             for key, entry in hardware_entries().items()
