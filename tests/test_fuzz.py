@@ -170,7 +170,8 @@ NAMES_OR_CPU = st.one_of(NAMES, st.sampled_from(["amd-epyc-9654", "amd-epyc-9654
 ESTIMATE_VALUE_FLAGS = {
     "--hardware": NAMES_OR_CPU, "--profile": NAMES, "--bandwidth": NUMBERS, "--flops": NUMBERS, "--memory": NUMBERS,
     "--weights": FORMATS, "--kv": FORMATS, "--compute": st.one_of(st.sampled_from(["bf16", "fp8", "fp7"]), TEXT),
-    "--batch": NUMBERS, "--prompt": NUMBERS, "--output": NUMBERS, "--tp": NUMBERS, "--bw-efficiency": NUMBERS,
+    "--batch": NUMBERS, "--prompt": NUMBERS, "--output": NUMBERS, "--tp": NUMBERS, "--pp": NUMBERS,
+    "--dp": NUMBERS, "--ep": NUMBERS, "--bw-efficiency": NUMBERS,
     "--flops-efficiency": NUMBERS, "--step-overhead": NUMBERS, "--usd-per-hour": NUMBERS,
     "--threads": NUMBERS, "--numa": NUMA_VALUES,
 }  # fmt: skip
@@ -280,11 +281,12 @@ def test_estimate_any_bytes_after_gguf_magic(isolated: Path, data: bytes) -> Non
        context=st.one_of(NUMBERS, st.sampled_from(["128:32768", "1:1e12"])), output=NUMBERS,
        fmt=st.sampled_from(["csv", "json", "xml"]),
        cpu=st.lists(st.one_of(st.tuples(st.just("--threads"), NUMBERS), st.tuples(st.just("--numa"), NUMA_VALUES)),
-                    max_size=2))
-def test_sweep_any_flags(models, hardware, weights, batch, context, output, fmt, cpu) -> None:
+                    max_size=2),
+       parallel=st.lists(st.tuples(st.sampled_from(["--tp", "--pp", "--dp", "--ep"]), NUMBERS), max_size=2))
+def test_sweep_any_flags(models, hardware, weights, batch, context, output, fmt, cpu, parallel) -> None:
     argv = ["sweep", *[a for m in models for a in ("-m", m)], *[a for h in hardware for a in ("-H", h)],
             "--weights", weights, "--batch", batch, "--context", context, "--output", output, "--format", fmt,
-            *[a for pair in cpu for a in pair]]
+            *[a for pair in cpu for a in pair], *[a for pair in parallel for a in pair]]
     check(invoke(*argv))
 
 
@@ -541,6 +543,11 @@ def test_wrong_config_values_are_refused(isolated: Path, change: dict, needle: s
     [
         (["estimate", "-m", "llama-3.1-70b", "-H", "h100-sxm", "--tp", "3"], "heads"),
         (["sweep", "-m", "llama-3.1-70b", "-H", "h100-sxm", "--tp", "3"], "heads"),
+        (["estimate", "-m", "llama-3.1-70b", "-H", "h100-sxm", "--ep", "2", "--tp", "2"], "dense"),
+        (["estimate", "-m", "mixtral-8x7b", "-H", "h100-sxm", "--ep", "4", "--tp", "2"], "--ep"),
+        (["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--pp", "33"], "layers"),
+        (["sweep", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--dp", "2", "--ideal"], "--dp"),
+        (["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--dp", "2", "--requests", "4"], "--dp"),
         (["sweep", "-m", "7B", "-H", "l4", "--output", "-10000"], "--output"),
         (["estimate", "-m", "7B", "--bandwidth", "1e-300", "--json"], "bandwidth"),
         (["estimate", "-m", "7B", "-H", "h100-sxm", "--weights", "0.001"], "bits"),
@@ -602,7 +609,7 @@ SIMULATE_VALUES = st.one_of(
                                                  "--requests", "--duration", "--sweep", "--slo", "--seed", "--engine",
                                                  "--max-seqs", "--max-batched-tokens", "--block-size", "--kv-tokens",
                                                  "--burstiness", "--knee-fraction", "--sequence-overhead",
-                                                 "--threads", "--numa"]),
+                                                 "--threads", "--numa", "--tp", "--pp", "--dp", "--ep"]),
                                 SIMULATE_VALUES), max_size=4),
        switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--chunked-prefill"]), max_size=2),
        hardware=st.sampled_from(["h100-sxm", "amd-epyc-9654-2p"]))

@@ -71,6 +71,7 @@ class Architecture:
     source: str = ""
     weight_bytes: WeightBytes | None = field(default=None, compare=False)
     attention_params: float = 0.0  # the attention projections (and their biases) within dense_params (0: not split)
+    n_moe_layers: int = 0  # layers with routed experts (0 in an MoE model: not known, taken as every layer)
 
     @property
     def tied_embeddings(self) -> bool:
@@ -88,6 +89,11 @@ class Architecture:
     def active_params(self) -> float:
         """Parameters touched per token (embeddings included, as model cards count them)."""
         return self.embedding_params + self.lm_head_params + self.dense_params + self.experts_per_token * self.expert_params
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (every layer of an MoE model whose split is not known; 0 for a dense one)."""
+        return (self.n_moe_layers or self.n_layers) if self.is_moe else 0
 
     @property
     def head_params(self) -> float:
@@ -420,6 +426,7 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         decode_kernels=decode_kernels,
         source=source,
         attention_params=float(n_layers * attn_params),
+        n_moe_layers=n_moe,
     ))
 
 

@@ -1,4 +1,4 @@
-"""The scenario: everything one estimate is asked about (model, hardware, precision, TP, workload), validated once.
+"""The scenario: everything one estimate is asked about (model, hardware, precision, parallelism, workload), validated once.
 
 `Scenario` owns the inputs' names, descriptions, defaults, bounds and conflicts. The CLI options of `estimate`
 (and the ones `sweep` shares), the web API's request body and `estimate()`'s keyword arguments are all derived
@@ -26,6 +26,8 @@ from speedlimit.units import parse_quantity
 MAX_BATCH = 10_000_000
 MAX_TOKENS = 100_000_000
 MAX_TP = 4096
+# Devices one deployment may span (tp · pp · dp): the largest published clusters serve on far fewer.
+MAX_DEVICES = 65_536
 MAX_USD_PER_HOUR = 1e6
 # llama.cpp's thread pool holds at most GGML_MAX_N_THREADS = 512 threads (ggml/include/ggml.h).
 MAX_THREADS = 512
@@ -86,6 +88,14 @@ class Scenario(BaseModel):
     prompt: Annotated[int, Flag(("--prompt", "-p"))] = Field(512, ge=0, le=MAX_TOKENS, description="Prompt tokens per sequence.")
     output: Annotated[int, Flag(("--output", "-o"))] = Field(256, ge=1, le=MAX_TOKENS, description="Generated tokens per sequence.")
     tp: Annotated[int, Flag(("--tp",))] = Field(1, ge=1, le=MAX_TP, description="Tensor-parallel devices.")
+    pp: Annotated[int, Flag(("--pp",))] = Field(
+        1, ge=1, le=MAX_TP, description="Pipeline-parallel stages (--tp devices each); the layers split over them.")
+    dp: Annotated[int, Flag(("--dp",))] = Field(
+        1, ge=1, le=MAX_TP, description="Data-parallel replicas, each with its share of the batch and its own KV cache "
+                                        "(devices: tp × pp × dp).")
+    ep: Annotated[int, Flag(("--ep",))] = Field(
+        1, ge=1, le=MAX_DEVICES, description="Expert-parallel devices for an MoE model's routed experts: 1, or "
+                                             "tp × dp (vLLM's EP group; with --dp, the MoE layers see every replica's tokens).")
     threads: Annotated[int | None, Flag(("--threads", "-t"))] = Field(
         None, ge=1, le=MAX_THREADS, description="CPU: threads of the llama.cpp run (default: every physical core of every "
                                                 "socket, as llama.cpp picks); hyperthreads add no bandwidth.")
@@ -121,8 +131,8 @@ class Scenario(BaseModel):
             raise ValueError("is empty: pass a catalog name (see `speedlimit models`), a config.json, a .gguf, or a size like 7B")
         return value
 
-    @field_validator("batch", "prompt", "output", "tp", "threads", "bandwidth", "flops", "memory", "bw_efficiency",
-                     "flops_efficiency", "step_overhead_s", "usd_per_hour", mode="before")
+    @field_validator("batch", "prompt", "output", "tp", "pp", "dp", "ep", "threads", "bandwidth", "flops", "memory",
+                     "bw_efficiency", "flops_efficiency", "step_overhead_s", "usd_per_hour", mode="before")
     @classmethod
     def _not_a_bool(cls, value: Any) -> Any:
         if isinstance(value, bool):  # True is an int to Python, not a count or a rate to a user
@@ -199,6 +209,25 @@ class Scenario(BaseModel):
                     raise ValueError(f"--ideal and {flag_name(field)} conflict: --ideal prices the peak bandwidth, whatever "
                                      "the threads")
         return self
+
+    @model_validator(mode="after")
+    def _parallelism(self) -> Scenario:
+        if self.devices > MAX_DEVICES:
+            raise ValueError(f"--tp × --pp × --dp is {self.devices:,} devices, more than {MAX_DEVICES:,}")
+        if self.ep > 1 and self.ep != self.tp * self.dp:
+            raise ValueError(f"--ep {self.ep} must be 1 or --tp × --dp = {self.tp * self.dp}: the experts are split over "
+                             "every device of a pipeline stage (vLLM's expert-parallel group is its TP × DP group)")
+        if self.ideal:
+            for field in ("pp", "dp", "ep"):
+                if getattr(self, field) > 1:
+                    raise ValueError(f"--ideal and {flag_name(field)} conflict: the seed formula prices one copy of "
+                                     "the weights on --tp devices")
+        return self
+
+    @property
+    def devices(self) -> int:
+        """Devices the deployment spans: tp per pipeline stage, pp stages per replica, dp replicas."""
+        return self.tp * self.pp * self.dp
 
     @property
     def hardware_input(self) -> str | Hardware:

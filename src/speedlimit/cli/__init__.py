@@ -43,6 +43,8 @@ EXAMPLES = {
     "estimate": [
         "speedlimit estimate -m llama-3.1-8b -H h100-sxm",
         "speedlimit estimate -m llama-3.1-70b -H h100-sxm --tp 4 --batch 64 --prompt 2048 --output 512 --json",
+        "speedlimit estimate -m llama-3.1-70b -H l40s --tp 2 --pp 2 --batch 32 --weights fp8",
+        "speedlimit estimate -m deepseek-v3 -H h200 --weights fp8 --dp 8 --ep 8 --batch 256",
         "speedlimit estimate -m 7B --weights 16 --bandwidth 3.35e12 --ideal",
         "speedlimit estimate -m path/to/config.json -H local --weights q4_k_m",
     ],
@@ -62,6 +64,7 @@ EXAMPLES = {
         "speedlimit simulate -m llama-3.1-8b -H h100-sxm --sweep rate=5,10,20,40 --slo ttft=1s,tpot=50ms --out runs/sim",
         "speedlimit simulate -m smollm2-135m -H local --engine llama-cpp-python --concurrency 4 --requests 16 --json",
         "speedlimit simulate -m llama-3.1-70b -H h100-sxm --tp 4 --engine vllm --concurrency 64 --requests 500",
+        "speedlimit simulate -m llama-3.1-70b -H l40s --tp 2 --pp 2 --weights fp8 --engine vllm --concurrency 32 --requests 200",
     ],
     "verify": ["speedlimit verify --quick", "speedlimit verify --out verify.json"],
     "calibrate": ["speedlimit calibrate verify.json", "speedlimit calibrate verify.json runs/a/summary.json --name box --out box.toml",

@@ -49,7 +49,8 @@ def _parse_list(text: str, what: str) -> list[float]:
 
 ESTIMATE_INPUTS = (
     "model", "hardware", "profile", "bandwidth", "flops", "memory", "weights", "kv", "engine", "compute", "batch", "prompt",
-    "output", "tp", "threads", "numa", "ideal", "bw_efficiency", "flops_efficiency", "step_overhead_s", "usd_per_hour",
+    "output", "tp", "pp", "dp", "ep", "threads", "numa", "ideal", "bw_efficiency", "flops_efficiency", "step_overhead_s",
+    "usd_per_hour",
 )  # fmt: skip
 
 
@@ -83,7 +84,7 @@ def estimate_command(
 
 def estimate_table(result: Estimate) -> Table:
     """A person-readable table of one estimate."""
-    title = escape(f"{result.model} on {result.hardware}" + (f" ×{result.tp}" if result.tp > 1 else ""))
+    title = escape(f"{result.model} on {result.hardware}" + (f" ×{result.devices}" if result.devices > 1 else ""))
     table = Table(title=title, caption=_caption(result), show_header=False, title_style="bold")
     table.add_column(style="cyan")
     table.add_column(justify="right", style="bold")
@@ -104,8 +105,16 @@ def estimate_table(result: Estimate) -> Table:
     if result.reached_bandwidth_Bps is not None:  # a CPU: what one process reaches with its threads and NUMA policy
         rows.append(("memory bandwidth reached", f"{result.reached_bandwidth_Bps / 1e9:,.4g} GB/s",
                      escape(result.bandwidth_basis)))
+    if result.devices > 1:
+        rows.append(("devices", f"{result.devices:,}", _layout(result)))
+        rows.append(("memory / device", format_bytes(result.memory_per_device_bytes),
+                     f"weights {format_bytes(result.weights_per_device_bytes)} (fullest device)"))
     if result.tp > 1:
         rows.append(("all-reduce / step", format_seconds(result.tp_comm_s), f"tensor parallel ×{result.tp}"))
+    if result.ep > 1:
+        rows.append(("all-to-all / step", format_seconds(result.ep_comm_s), f"expert parallel ×{result.ep}"))
+    if result.pp > 1:
+        rows.append(("stage sends / step", format_seconds(result.pp_comm_s), f"pipeline parallel ×{result.pp}"))
     if result.usd_per_million_tokens is not None:
         rows.append(("cost", f"${result.usd_per_million_tokens:,.3f} / M tokens", "at full batch"))
     for row in rows:
@@ -113,13 +122,25 @@ def estimate_table(result: Estimate) -> Table:
     return table
 
 
+def _layout(result: Estimate) -> str:
+    """How the devices split the model: ``tp 2 × pp 4 × dp 1, ep 8``."""
+    text = f"tp {result.tp} × pp {result.pp} × dp {result.dp}"
+    return text + (f", ep {result.ep}" if result.ep > 1 else "")
+
+
 def _does_not_fit(result: Estimate) -> str:
-    per_device = result.memory_capacity_bytes / result.tp
-    devices_needed = math.ceil(result.memory_bytes / per_device)
+    per_device = result.memory_capacity_bytes / result.devices
+    if result.devices == 1 or result.tp == result.devices:
+        devices_needed = math.ceil(result.memory_bytes / per_device)
+        return (
+            f"{result.model} needs {format_bytes(result.memory_bytes)} (weights {format_bytes(result.weights_bytes)} + KV "
+            f"{format_bytes(result.kv_cache_bytes)}) but {result.tp} × {result.hardware} offers {format_bytes(result.memory_capacity_bytes)} "
+            f"usable: try --tp {devices_needed}, fewer --weights bits, a smaller --batch, or --allow-no-fit"
+        )
     return (
-        f"{result.model} needs {format_bytes(result.memory_bytes)} (weights {format_bytes(result.weights_bytes)} + KV "
-        f"{format_bytes(result.kv_cache_bytes)}) but {result.tp} × {result.hardware} offers {format_bytes(result.memory_capacity_bytes)} "
-        f"usable: try --tp {devices_needed}, fewer --weights bits, a smaller --batch, or --allow-no-fit"
+        f"{result.model} needs {format_bytes(result.memory_per_device_bytes)} on its fullest device (weights "
+        f"{format_bytes(result.weights_per_device_bytes)} + KV) but one {result.hardware} offers {format_bytes(per_device)} "
+        f"usable: try more --tp or --pp, --ep with --dp, fewer --weights bits, a smaller --batch, or --allow-no-fit"
     )
 
 
@@ -156,7 +177,7 @@ def _count_or_dash(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
 
-@scenario_options("output", "kv", "engine", "tp", "threads", "numa", "ideal")
+@scenario_options("output", "kv", "engine", "tp", "pp", "dp", "ep", "threads", "numa", "ideal")
 def sweep_command(
     inputs: dict[str, Any],
     model: Annotated[list[str], typer.Option("--model", "-m", help="Catalog name, config.json, .gguf or size; repeat for several.")],

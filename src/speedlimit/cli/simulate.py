@@ -86,8 +86,8 @@ def print_simulation(console: Console, summary: RunSummary | SweepSummary) -> No
 
 #: The scenario inputs simulate shares with estimate (flags, help and validation come from `Scenario`).
 SIMULATE_INPUTS = (
-    "model", "hardware", "profile", "bandwidth", "flops", "memory", "weights", "kv", "engine", "compute", "tp", "threads",
-    "numa", "ideal", "bw_efficiency", "flops_efficiency", "step_overhead_s",
+    "model", "hardware", "profile", "bandwidth", "flops", "memory", "weights", "kv", "engine", "compute", "tp", "pp", "dp", "ep",
+    "threads", "numa", "ideal", "bw_efficiency", "flops_efficiency", "step_overhead_s",
 )  # fmt: skip
 
 

@@ -42,6 +42,10 @@ class Estimate(Artifact):
     prompt: int
     output: int
     tp: int
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    devices: int = 1  # tp · pp · dp
     # speed
     decode_tok_s: float  # per user
     itl_s: float  # inter-token latency, mean over the reply
@@ -61,12 +65,12 @@ class Estimate(Artifact):
     weights_bytes: float
     kv_bytes_per_token: float  # per context token of one sequence
     kv_cache_bytes: float  # whole batch at prompt + output tokens
-    memory_bytes: float  # weights + KV cache
-    memory_capacity_bytes: float | None  # usable across all tp devices
+    memory_bytes: float  # weights + KV cache on all the devices (every data-parallel replica's weights)
+    memory_capacity_bytes: float | None  # usable across all the devices
     fits: bool | None
     max_batch: float | None  # at prompt + output tokens (None: capacity unknown)
     # parallelism and cost
-    tp_comm_s: float  # all-reduce time per decode step
+    tp_comm_s: float  # all-reduce time per decode step (of one micro-batch)
     usd_per_million_tokens: float | None
     # what the estimate assumed
     bandwidth_Bps: float  # peak per device
@@ -83,6 +87,11 @@ class Estimate(Artifact):
     bandwidth_basis: str = ""
     threads: int | None = None  # CPU threads the estimate assumed (None: not a CPU with a known layout)
     numa: str | None = None  # llama.cpp's NUMA policy the estimate assumed
+    # per device and beyond tensor parallelism
+    weights_per_device_bytes: float = 0.0  # on the fullest device (the largest pipeline stage)
+    memory_per_device_bytes: float = 0.0  # weights + KV cache on the fullest device
+    ep_comm_s: float = 0.0  # all-to-all time per decode step (of one micro-batch)
+    pp_comm_s: float = 0.0  # pipeline activation sends per decode step (of one micro-batch)
 
 
 def group_params(arch: Architecture) -> dict[str, float]:
@@ -158,6 +167,8 @@ def cost_model(arch: Architecture, weights: Precision | WeightFormats | None, kv
         allreduce_bytes_per_token=float(arch.hidden_size * core.ACTIVATION_BYTES),
         allreduces_per_step=float(2 * arch.n_layers),
         head_flops_per_sequence=2.0 * arch.head_params,
+        layers=float(arch.n_layers),
+        moe_layers=float(arch.moe_layers),
     )
     return cost, bits
 
@@ -182,8 +193,10 @@ def ideal_cost_model(cost: core.CostModel, arch: Architecture) -> core.CostModel
 
 
 def machine_for(hardware: Hardware, efficiency: Efficiency, compute_dtype: str, tp: int, ideal: bool, kernels: float = 0.0,
-                peak_flops: float | None = None, reach: BandwidthReach | None = None) -> core.Machine:
-    """The achievable rates of ``tp`` devices; a step launching ``kernels`` kernels costs `Efficiency.overhead_s`.
+                peak_flops: float | None = None, reach: BandwidthReach | None = None, *, pp: int = 1, dp: int = 1,
+                ep: int = 1) -> core.Machine:
+    """The achievable rates of ``tp`` devices (per pipeline stage, ``pp`` stages, ``dp`` replicas, ``ep`` of them
+    splitting the experts); a step launching ``kernels`` kernels costs `Efficiency.overhead_s`.
 
     ``peak_flops``: the matmuls' peak per device when it is not one dtype's (per-group weight formats).
     ``reach``: what one process reaches of a CPU's bandwidth and FLOPs (`bandwidth_reach`); ignored in ideal mode.
@@ -200,6 +213,9 @@ def machine_for(hardware: Hardware, efficiency: Efficiency, compute_dtype: str, 
         memory_bytes=hardware.memory_bytes if hardware.memory_bytes else math.nan,
         link_Bps=hardware.interconnect_Bps if hardware.interconnect_Bps else math.nan,
         tp=float(tp),
+        pp=float(pp),
+        dp=float(dp),
+        ep=float(ep),
     )
 
 
@@ -300,9 +316,16 @@ class StepModel(NamedTuple):
         """Fixed cost of one decode step (per-step + per-kernel), as the machine charges it."""
         return float(self.machine.step_overhead_s)
 
+    @property
+    def devices(self) -> int:
+        """Devices the deployment spans (tp · pp · dp)."""
+        return int(self.machine.tp * self.machine.pp * self.machine.dp)
+
     def kv_budget_bytes(self) -> float:
-        """Memory left for KV caches beside the weights, across the tp devices (inf: capacity unknown)."""
-        free = float(core.usable_memory_bytes(self.machine) - self.cost.total_weight_bytes)
+        """Memory left for one replica's KV caches beside the weights, across its devices, in bytes of whole-model KV
+        (each pipeline stage holds its layers' share; inf: capacity unknown)."""
+        free = core.usable_memory_bytes(self.machine) - core.stage_weight_bytes(self.cost, self.machine)
+        free = float(free * self.machine.pp / core.pipeline_imbalance(self.cost, self.machine))
         return free if math.isfinite(free) else math.inf
 
 
@@ -317,6 +340,8 @@ def resolve(scenario: Scenario) -> StepModel:
         raise SpeedlimitError(f"--engine {engine.key} runs on {', '.join(engine.devices)} devices, not on {device.name} "
                               f"({device.kind}); pick another engine (llama.cpp runs everywhere)")
     _check_tensor_parallel(arch, scenario.tp)
+    _check_pipeline_parallel(arch, scenario.pp)
+    _check_expert_parallel(arch, scenario.ep)
     weights = parse_weights(scenario.weights) if scenario.weights is not None else None
     if isinstance(weights, WeightFormats):
         check_weight_groups(arch, weights)
@@ -330,7 +355,8 @@ def resolve(scenario: Scenario) -> StepModel:
         cost = ideal_cost_model(cost, arch)
     kernels = arch.decode_kernels * (engine.kernel_fraction.value if engine.kernel_fraction else 1.0)
     reach = None if scenario.ideal else bandwidth_reach(device, scenario.threads, scenario.numa)
-    machine = machine_for(device, efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels, peak_flops, reach)
+    machine = machine_for(device, efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels, peak_flops, reach,
+                          pp=scenario.pp, dp=scenario.dp, ep=scenario.ep)
     if not scenario.ideal:
         machine = machine._replace(**terms)
     return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv.name, compute_dtype, scenario.tp,
@@ -437,6 +463,26 @@ def _check_tensor_parallel(arch: Architecture, tp: int) -> None:
                               f"use a divisor or multiple of {arch.n_kv_heads}")
 
 
+def _check_pipeline_parallel(arch: Architecture, pp: int) -> None:
+    """Pipeline parallelism splits the layers into stages: no more stages than layers (an uneven split is priced
+    at its largest stage)."""
+    if pp > 1 and arch.n_layers and pp > arch.n_layers:
+        raise SpeedlimitError(f"--pp {pp} is more stages than {arch.name}'s {arch.n_layers} layers; "
+                              f"use at most {arch.n_layers}")
+
+
+def _check_expert_parallel(arch: Architecture, ep: int) -> None:
+    """Expert parallelism splits routed experts: the model must have them, at least one per device."""
+    if ep <= 1:
+        return
+    if not arch.is_moe:
+        raise SpeedlimitError(f"--ep {ep}: {arch.name} is a dense model with no experts to split; drop --ep "
+                              "(or split it with --tp, --pp)")
+    if ep > arch.n_experts:
+        raise SpeedlimitError(f"--ep {ep} is more devices than {arch.name}'s {arch.n_experts} experts per layer; "
+                              f"use --tp × --dp of at most {arch.n_experts}, or --ep 1")
+
+
 def estimate(model: str | Architecture, hardware: str | Hardware | None = None, **inputs: Any) -> Estimate:
     """Predict decode/prefill speed, latency, throughput and memory for one configuration.
 
@@ -466,11 +512,17 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         ttft = None
     kv_cache = float(core.kv_cache_bytes(cost, batch, end_context))
     weights_bytes = float(cost.total_weight_bytes)
-    capacity = _finite_or_none(core.usable_memory_bytes(machine))
+    devices = scenario.devices
+    stage_capacity = _finite_or_none(core.usable_memory_bytes(machine))
+    capacity = None if stage_capacity is None else stage_capacity * scenario.pp * scenario.dp
+    stage_weights = float(core.stage_weight_bytes(cost, machine))
+    stage_memory = stage_weights + float(core.stage_kv_bytes(cost, machine, batch, end_context))
+    micro, _ = core.micro_step(machine, core.decode_batch(cost, float(batch), mid_context))
+    micro_tokens = micro.tokens
     throughput = batch / itl
     cost_per_m = None
     if scenario.usd_per_hour is not None:
-        cost_per_m = scenario.usd_per_hour * tp / 3600.0 / throughput * 1e6
+        cost_per_m = scenario.usd_per_hour * devices / 3600.0 / throughput * 1e6
     return Estimate(
         model=arch.name,
         hardware=device.name,
@@ -482,6 +534,10 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         prompt=prompt,
         output=output,
         tp=tp,
+        pp=scenario.pp,
+        dp=scenario.dp,
+        ep=scenario.ep,
+        devices=devices,
         decode_tok_s=1.0 / itl,
         itl_s=itl,
         ttft_s=ttft,
@@ -492,17 +548,18 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         flops_per_token=step_flops / batch,
         arithmetic_intensity=step_flops / step_bytes,
         regime="compute" if reply.compute_bound else "memory",
-        critical_batch=_finite_or_none(core.critical_batch(cost, machine, mid_context)),
+        # the batch of one replica's micro-batch, scaled to every micro-batch in flight on every replica
+        critical_batch=_finite_or_none(core.critical_batch(cost, machine, mid_context) * scenario.dp * scenario.pp),
         total_params=arch.total_params,
         active_params=arch.active_params,
         weights_bytes=weights_bytes,
         kv_bytes_per_token=float(core.kv_bytes_per_sequence(cost, 1.0)),
         kv_cache_bytes=kv_cache,
-        memory_bytes=weights_bytes + kv_cache,
+        memory_bytes=float(core.resident_bytes(cost, machine, batch, end_context)),
         memory_capacity_bytes=capacity,
-        fits=None if capacity is None else weights_bytes + kv_cache <= capacity,
+        fits=None if capacity is None else bool(core.memory_fits(cost, machine, batch, end_context)),
         max_batch=None if capacity is None else _finite_or_none(core.max_batch_that_fits(cost, machine, end_context)),
-        tp_comm_s=float(core.allreduce_seconds(cost, machine, batch)),
+        tp_comm_s=float(core.allreduce_seconds(cost, machine, micro_tokens)),
         usd_per_million_tokens=cost_per_m,
         bandwidth_Bps=device.memory_bandwidth_Bps,
         flops=_finite_or_none(resolved.peak_flops),
@@ -517,4 +574,8 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         bandwidth_basis=reach.basis if reach else ("peak (ideal: the seed formula)" if ideal else "the device's peak"),
         threads=reach.threads if reach else None,
         numa=reach.numa if reach else None,
+        weights_per_device_bytes=stage_weights / tp,
+        memory_per_device_bytes=stage_memory / tp,
+        ep_comm_s=float(core.alltoall_seconds(cost, machine, micro_tokens)),
+        pp_comm_s=float(core.pipeline_send_seconds(cost, machine, micro_tokens)),
     )

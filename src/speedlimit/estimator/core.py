@@ -25,6 +25,31 @@ On a CPU, the bandwidth one process reaches (`cpu_bandwidth_limits`) depends on 
 and on which NUMA nodes hold the weights: the smallest of the threads' own rate, the memory of the nodes that
 hold the weights, and the socket link that remote threads read through. `Machine.bandwidth_Bps` is that times
 bw_efficiency.
+
+Parallelism beyond tensor parallelism (``Machine.pp``, ``dp``, ``ep``) changes what one evaluation of the formula
+above covers, not the formula (`step_seconds`):
+
+- data parallelism (``dp``): the step's sequences are spread evenly over ``dp`` replicas that run in lockstep, each
+  with its own KV cache; the formula prices one replica's share. Without expert parallelism every replica holds the
+  whole model (SGLang's and vLLM's plain DP: "each replica has a full copy of the model",
+  https://docs.sglang.io/advanced_features/dp_dpa_smg_guide.html).
+- expert parallelism (``ep`` = tp · dp, vLLM's EP group: https://docs.vllm.ai/en/latest/serving/expert_parallel_deployment/):
+  the routed experts are split over all tp · dp devices and the MoE layers see the tokens of every replica (DP
+  attention, https://docs.sglang.io/advanced_features/dp_dpa_smg_guide.html): the experts read are the expected
+  union over all replicas' tokens, a 1/ep share of it per device (uniform routing spreads it evenly). Each MoE layer
+  swaps its tensor-parallel all-reduce for two all-to-alls (dispatch and combine,
+  https://github.com/deepseek-ai/DeepEP): every token's hidden vector goes to each of its k experts' devices, of
+  which (ep − 1)/ep are remote. FLOPs are unchanged (the same expert matmuls, balanced over the devices).
+- pipeline parallelism (``pp``): the layers are split into ``pp`` stages of tp devices each, and a replica's
+  sequences into min(sequences, pp) micro-batches in flight (vLLM runs one micro-batch per stage, its "virtual
+  engines": https://github.com/vllm-project/vllm/issues/11945). One micro-batch passes every stage in turn, so its
+  step is the whole model's step at the micro-batch (the sum of the stage times) plus pp − 1 activation sends
+  (hidden · 2 bytes per token); the stages overlap on different micro-batches, so a cycle is never shorter than the
+  micro-batches' time through the largest stage (stage time is taken proportional to its layers; an uneven split
+  runs at the pace of the largest stage). With fewer sequences than stages the pipeline idles (the bubble of GPipe,
+  https://arxiv.org/abs/1811.06965, and Megatron-LM, https://arxiv.org/abs/2104.04473). Every sequence gets one
+  token per cycle: the cycle is the step time.
+With pp = dp = ep = 1 every term above is exactly the tensor-parallel step.
 """
 
 from __future__ import annotations
@@ -46,6 +71,9 @@ ALLREDUCE_LATENCY_S = 5e-6
 # residual read/write, norms, q/k/v/o and MLP inputs/outputs (~10 hidden-sized vectors).
 ACTIVATION_VECTORS_PER_LAYER = 10
 ACTIVATION_BYTES = 2
+# Latency of one small point-to-point send or all-to-all between devices (a pipeline stage's activations, an MoE
+# dispatch): not measured apart here, so the all-reduce's figure above stands for every small collective.
+SEND_LATENCY_S = ALLREDUCE_LATENCY_S
 
 
 class CostModel(NamedTuple):
@@ -72,10 +100,12 @@ class CostModel(NamedTuple):
     # https://github.com/ggml-org/llama.cpp/blob/master/src/llama-batch.cpp: a batch without per-token output flags
     # "return[s] the output only for the last token")
     head_flops_per_sequence: float | np.ndarray = 0.0
+    layers: float | np.ndarray = 0.0  # transformer layers that pipeline stages split (0: unknown, an even split)
+    moe_layers: float | np.ndarray = 0.0  # layers with routed experts (two all-to-alls each under expert parallelism)
 
 
 class Machine(NamedTuple):
-    """Achievable rates of one device, and how many devices share the model (tensor parallelism)."""
+    """Achievable rates of one device, and how the devices share the model (tp · pp · dp devices; ep among them)."""
 
     bandwidth_Bps: float | np.ndarray  # achievable = peak · bw_efficiency
     flops: float | np.ndarray  # achievable = peak · flops_efficiency (NaN: unknown → memory roof only)
@@ -91,6 +121,9 @@ class Machine(NamedTuple):
     gemm_tokens_large: float | np.ndarray = 1.0
     gemm_factor_large: float | np.ndarray = 1.0
     attention_factor: float | np.ndarray = 1.0  # the attention kernels' rate relative to `flops`
+    pp: float | np.ndarray = 1.0  # pipeline stages (tp devices each)
+    dp: float | np.ndarray = 1.0  # data-parallel replicas (attention, KV cache and batch share each)
+    ep: float | np.ndarray = 1.0  # expert-parallel devices: 1, or tp · dp (the routed experts split over all of them)
 
 
 class StepBatch(NamedTuple):
@@ -204,9 +237,13 @@ def expected_experts_read(n_experts, experts_per_token, tokens):
     return np.where(n_experts > 0, n_experts * (1.0 - miss), 0.0)
 
 
-def weights_read_bytes(cost: CostModel, tokens):
-    """Weight bytes one forward pass over ``tokens`` tokens streams from memory."""
-    experts = expected_experts_read(cost.n_experts, cost.experts_per_token, tokens)
+def weights_read_bytes(cost: CostModel, tokens, moe_group=1.0):
+    """Weight bytes one forward pass over ``tokens`` tokens streams from memory.
+
+    ``moe_group``: replicas whose tokens meet in the MoE layers (`moe_group`); this replica's devices read their
+    1/moe_group share of the experts the whole group's tokens touch.
+    """
+    experts = expected_experts_read(cost.n_experts, cost.experts_per_token, tokens * moe_group) / moe_group
     return cost.head_bytes + cost.dense_bytes + experts * cost.expert_bytes + tokens * cost.embedding_row_bytes
 
 
@@ -246,12 +283,12 @@ def prefill_batch(cost: CostModel, batch, tokens, cached=0.0) -> StepBatch:
     )
 
 
-def step_bytes(cost: CostModel, step: StepBatch):
-    """Bytes one step streams from memory: weights once, KV caches, activations."""
+def step_bytes(cost: CostModel, step: StepBatch, moe_group=1.0):
+    """Bytes one step streams from memory: weights once, KV caches, activations (``moe_group``: `weights_read_bytes`)."""
     kv = (cost.kv_bytes_per_token_global * (step.decode_context + step.prefill_context)
           + cost.kv_bytes_per_token_local * (step.decode_context_local + step.prefill_context_local))
     tokens = step.decode_sequences + step.prefill_tokens
-    return weights_read_bytes(cost, tokens) + kv + tokens * cost.activation_bytes_per_token
+    return weights_read_bytes(cost, tokens, moe_group) + kv + tokens * cost.activation_bytes_per_token
 
 
 def step_flops(cost: CostModel, step: StepBatch):
@@ -316,20 +353,92 @@ def prefill_flops(cost: CostModel, batch, prompt):
 
 
 def allreduce_seconds(cost: CostModel, machine: Machine, tokens):
-    """Tensor-parallel communication per step: ring all-reduces of the activations, 2 per layer."""
+    """Tensor-parallel communication per step: ring all-reduces of the activations, 2 per layer (under expert
+    parallelism an MoE layer's second one is its all-to-alls instead, `alltoall_seconds`)."""
     tp = machine.tp
+    count = cost.allreduces_per_step - _where(machine.ep > 1, cost.moe_layers, 0.0)
     if _scalar(tp):
         if tp <= 1:
             return 0.0
         if _scalar(machine.link_Bps) and _scalar(tokens):
             link = machine.link_Bps if math.isfinite(machine.link_Bps) else math.inf
             ring = 2.0 * (tp - 1.0) / tp * tokens * cost.allreduce_bytes_per_token
-            return cost.allreduces_per_step * (ring / link + ALLREDUCE_LATENCY_S)
+            return count * (ring / link + ALLREDUCE_LATENCY_S)
     tp = np.asarray(machine.tp, dtype=float)
     ring = 2.0 * (tp - 1.0) / np.maximum(tp, 1.0) * tokens * cost.allreduce_bytes_per_token
     link = np.where(np.isfinite(machine.link_Bps), machine.link_Bps, np.inf)
     per_allreduce = ring / link + ALLREDUCE_LATENCY_S
-    return np.where(tp > 1, cost.allreduces_per_step * per_allreduce, 0.0)
+    return np.where(tp > 1, count * per_allreduce, 0.0)
+
+
+def alltoall_seconds(cost: CostModel, machine: Machine, tokens):
+    """Expert-parallel communication per step of one replica's ``tokens``: dispatch and combine in every MoE layer.
+
+    The replica's tp devices share its tokens; each sends every token's hidden vector to its k experts' devices,
+    (ep − 1)/ep of them remote, over its own link.
+    """
+    ep = machine.ep
+    if _scalar(ep) and ep <= 1:
+        return 0.0
+    per_device = tokens / machine.tp * cost.experts_per_token * cost.allreduce_bytes_per_token * (ep - 1.0) / ep
+    return _where(ep > 1, 2.0 * cost.moe_layers * (per_device / _link(machine) + SEND_LATENCY_S), 0.0)
+
+
+def pipeline_send_seconds(cost: CostModel, machine: Machine, tokens):
+    """Pipeline-parallel communication of one micro-batch of ``tokens``: its activations cross pp − 1 stage boundaries."""
+    pp = machine.pp
+    if _scalar(pp) and pp <= 1:
+        return 0.0
+    per_send = tokens * cost.allreduce_bytes_per_token / _link(machine) + SEND_LATENCY_S
+    return _where(pp > 1, (pp - 1.0) * per_send, 0.0)
+
+
+def _link(machine: Machine):
+    """The device-to-device bandwidth; unknown (NaN) prices only the latency, as the all-reduce does."""
+    link = machine.link_Bps
+    if _scalar(link):
+        return link if math.isfinite(link) else math.inf
+    return np.where(np.isfinite(link), link, np.inf)
+
+
+def _where(condition, a, b):
+    if isinstance(condition, (bool, np.bool_)):
+        return a if condition else b
+    return np.where(condition, a, b)
+
+
+def moe_group(machine: Machine):
+    """Replicas whose tokens meet in the MoE layers: all dp of them under expert parallelism, else each its own."""
+    return _where(machine.ep > 1, machine.dp, 1.0)
+
+
+def pipeline_imbalance(cost: CostModel, machine: Machine):
+    """The largest stage's layers × pp ÷ layers (1 when pp divides the layers, or the layer count is unknown)."""
+    layers, pp = cost.layers, machine.pp
+    if _scalar(layers) and _scalar(pp):
+        return math.ceil(layers / pp) * pp / layers if layers > 0 else 1.0
+    layers = np.asarray(layers, dtype=float)
+    known = layers > 0
+    safe = np.where(known, layers, 1.0)
+    return np.where(known, np.ceil(safe / pp) * pp / safe, 1.0)
+
+
+def micro_batches(machine: Machine, sequences):
+    """Micro-batches one replica's step is split into: one per pipeline stage, at most one per sequence, at least 1."""
+    per_replica = sequences / machine.dp
+    if _scalar(per_replica) and _scalar(machine.pp):
+        return min(max(per_replica, 1.0), machine.pp)
+    return np.clip(per_replica, 1.0, machine.pp)
+
+
+def micro_step(machine: Machine, step: StepBatch) -> tuple[StepBatch, float | np.ndarray]:
+    """(the micro-batch one replica's pipeline runs at a time, micro-batches per replica): the step's running sums
+    spread evenly over dp replicas and their micro-batches."""
+    count = micro_batches(machine, step.sequences)
+    share = machine.dp * count
+    if _scalar(share) and share == 1:
+        return step, count
+    return StepBatch(*(value / share for value in step)), count
 
 
 def roofline_seconds(bytes_read, flops, machine: Machine):
@@ -350,10 +459,45 @@ def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0):
 
 
 def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
-    """Wall time of one engine step with a mixed batch of decode sequences and prefill chunks."""
-    tokens = step.decode_sequences + step.prefill_tokens
-    return step_time(step_bytes(cost, step), priced_flops(cost, machine, step), machine,
-                     allreduce_seconds(cost, machine, tokens), step.decode_sequences + step.prefill_sequences)
+    """Wall time of one engine step with a mixed batch of decode sequences and prefill chunks (on all the devices):
+    in a pipeline, the steady cycle in which every sequence advances once."""
+    micro_s, send_s, count = micro_step_seconds(cost, machine, step)
+    return pipeline_cycle_seconds(cost, machine, micro_s, send_s, count)
+
+
+def micro_step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
+    """(one micro-batch through the whole model, its stage sends, micro-batches per replica) for ``step``."""
+    micro, count = micro_step(machine, step)
+    tokens = micro.decode_sequences + micro.prefill_tokens
+    comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
+    micro_s = step_time(step_bytes(cost, micro, moe_group(machine)), priced_flops(cost, machine, micro), machine,
+                        comm_s, micro.decode_sequences + micro.prefill_sequences)
+    return micro_s, pipeline_send_seconds(cost, machine, tokens), count
+
+
+def pipeline_cycle_seconds(cost: CostModel, machine: Machine, micro_s, send_s, count):
+    """The pipeline's cycle: one micro-batch through every stage and send (``micro_s`` + ``send_s``), or, when
+    that is shorter, ``count`` micro-batches through the largest stage; both ``micro_s`` when pp = 1."""
+    through = micro_s + send_s
+    largest = count * pipeline_imbalance(cost, machine) * micro_s / machine.pp
+    if _scalar(through) and _scalar(largest):
+        return max(through, largest)
+    return np.maximum(through, largest)
+
+
+def step_roofline(cost: CostModel, machine: Machine, step: StepBatch):
+    """(memory time, compute time) of the micro-batch one replica's pipeline runs for ``step`` (the whole step
+    when pp = dp = 1): which roof binds."""
+    micro, _ = micro_step(machine, step)
+    return roofline_seconds(step_bytes(cost, micro, moe_group(machine)), priced_flops(cost, machine, micro), machine)
+
+
+def parallel_step_work(cost: CostModel, machine: Machine, step: StepBatch):
+    """(bytes read, FLOPs) of ``step`` summed over all replicas and micro-batches (`step_bytes`, `step_flops`
+    when pp = dp = 1)."""
+    micro, count = micro_step(machine, step)
+    share = machine.dp * count
+    return step_bytes(cost, micro, moe_group(machine)) * share, step_flops(cost, micro) * share
 
 
 def decode_step_seconds(cost: CostModel, machine: Machine, batch, context):
@@ -373,8 +517,7 @@ def mean_decode_step_seconds(cost: CostModel, machine: Machine, batch, context_s
     knee = np.clip(cost.window, start, end)
 
     def gap(context):  # memory minus compute time: linear on each side of the window knee
-        memory_s, compute_s = roofline_seconds(decode_bytes(cost, batch, context),
-                                               priced_flops(cost, machine, decode_batch(cost, batch, context)), machine)
+        memory_s, compute_s = step_roofline(cost, machine, decode_batch(cost, batch, context))
         return memory_s - compute_s
 
     def crossing(lo, hi):
@@ -404,15 +547,21 @@ class ReplyDecode(NamedTuple):
 def reply_decode(cost: CostModel, machine: Machine, batch, prompt, output) -> ReplyDecode:
     """``batch`` sequences generating ``output`` tokens after ``prompt``: what estimate, sweep and curves report."""
     mid = prompt + output / 2
-    bytes_read, flops = decode_bytes(cost, batch, mid), decode_flops(cost, batch, mid)
-    memory_s, compute_s = roofline_seconds(bytes_read, priced_flops(cost, machine, decode_batch(cost, batch, mid)), machine)
+    bytes_read, flops = parallel_step_work(cost, machine, decode_batch(cost, batch, mid))
+    memory_s, compute_s = step_roofline(cost, machine, decode_batch(cost, batch, mid))
     compute_bound = compute_s > memory_s if _scalar(memory_s) and _scalar(compute_s) else np.asarray(compute_s) > np.asarray(memory_s)
     return ReplyDecode(mean_decode_step_seconds(cost, machine, batch, prompt, prompt + output), bytes_read, flops, compute_bound)
 
 
 def prefill_seconds(cost: CostModel, machine: Machine, batch, prompt):
-    """Time to prefill ``batch`` prompts of ``prompt`` tokens in one pass (the TTFT every one of them sees)."""
-    return step_seconds(cost, machine, prefill_batch(cost, batch, prompt))
+    """Time to prefill ``batch`` prompts of ``prompt`` tokens in one pass (the TTFT every one of them sees).
+
+    In a pipeline that starts empty the last micro-batch enters a stage after the others, so it finishes one
+    largest-stage time per earlier micro-batch after the first (GPipe's fill: (m + pp − 1) stage times).
+    """
+    micro_s, send_s, count = micro_step_seconds(cost, machine, prefill_batch(cost, batch, prompt))
+    fill_s = (count - 1) * pipeline_imbalance(cost, machine) * micro_s / machine.pp
+    return micro_s + send_s + _where(count > 1, fill_s, 0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,13 +619,41 @@ def kv_cache_bytes(cost: CostModel, batch, context):
 
 
 def usable_memory_bytes(machine: Machine):
+    """Memory for weights and KV cache on one stage of one replica: its tp devices."""
     return machine.memory_bytes * machine.tp * USABLE_MEMORY_FRACTION
 
 
+def stage_weight_bytes(cost: CostModel, machine: Machine):
+    """Weight bytes the largest pipeline stage of one replica holds over its tp devices: its share of the layers,
+    and under expert parallelism only its 1/dp share of the routed experts (the rest live on the other replicas)."""
+    experts = cost.n_experts * cost.expert_bytes
+    weights = cost.total_weight_bytes - experts * (1.0 - 1.0 / moe_group(machine))
+    return weights * pipeline_imbalance(cost, machine) / machine.pp
+
+
+def stage_kv_bytes(cost: CostModel, machine: Machine, batch, context):
+    """KV-cache bytes the largest pipeline stage of one replica holds: its layers' share of its batch share."""
+    return kv_cache_bytes(cost, batch / machine.dp, context) * pipeline_imbalance(cost, machine) / machine.pp
+
+
+def resident_bytes(cost: CostModel, machine: Machine, batch, context):
+    """Weights and KV cache on all the devices together: every replica's weights (the routed experts once under
+    expert parallelism) and every sequence's KV cache."""
+    experts = cost.n_experts * cost.expert_bytes
+    weights = (cost.total_weight_bytes - experts * (1.0 - 1.0 / moe_group(machine))) * machine.dp
+    return weights + kv_cache_bytes(cost, batch, context)
+
+
+def memory_fits(cost: CostModel, machine: Machine, batch, context):
+    """The fullest stage's weights and KV cache fit its devices' usable memory (False when capacity is unknown)."""
+    return stage_weight_bytes(cost, machine) + stage_kv_bytes(cost, machine, batch, context) <= usable_memory_bytes(machine)
+
+
 def max_batch_that_fits(cost: CostModel, machine: Machine, context):
-    """Most sequences of ``context`` tokens whose KV cache fits beside the weights (0 if the weights don't)."""
-    free = usable_memory_bytes(machine) - cost.total_weight_bytes
-    per_sequence = kv_bytes_per_sequence(cost, context)
+    """Most sequences of ``context`` tokens whose KV cache fits beside the weights (0 if the weights don't),
+    over all replicas."""
+    free = usable_memory_bytes(machine) - stage_weight_bytes(cost, machine)
+    per_sequence = kv_bytes_per_sequence(cost, context) * pipeline_imbalance(cost, machine) / machine.pp
     with np.errstate(divide="ignore", invalid="ignore"):
-        count = np.floor(free / per_sequence)
+        count = np.floor(free / per_sequence) * machine.dp
     return np.where(free <= 0, 0.0, np.where(per_sequence > 0, count, np.inf))

@@ -103,7 +103,8 @@ def _curve_points(resolved: StepModel, current: Estimate, batch: np.ndarray) -> 
     prompt, output = current.prompt, current.output
     reply = core.reply_decode(cost, machine, batch, prompt, output)
     itl = np.asarray(reply.itl_s, dtype=float)
-    memory = cost.total_weight_bytes + np.asarray(core.kv_cache_bytes(cost, batch, prompt + output), dtype=float)
+    memory = np.asarray(core.resident_bytes(cost, machine, batch, prompt + output), dtype=float)
+    fits = np.broadcast_to(core.memory_fits(cost, machine, batch, prompt + output), batch.shape)
     capacity = current.memory_capacity_bytes
     compute_bound = np.broadcast_to(reply.compute_bound, batch.shape)
     return [
@@ -113,10 +114,10 @@ def _curve_points(resolved: StepModel, current: Estimate, batch: np.ndarray) -> 
             "itl_s": float(t),
             "throughput_tok_s": float(b / t),
             "memory_bytes": float(m),
-            "fits": None if capacity is None else bool(m <= capacity),
+            "fits": None if capacity is None else bool(f),
             "regime": "compute" if c else "memory",
         }
-        for b, t, m, c in zip(batch, itl, np.broadcast_to(memory, batch.shape), compute_bound)
+        for b, t, m, f, c in zip(batch, itl, np.broadcast_to(memory, batch.shape), fits, compute_bound)
     ]
 
 
@@ -124,7 +125,7 @@ def roofline(result: dict[str, Any]) -> dict[str, Any]:
     """Roofline of one `Estimate.to_dict()` per device: peak and effective roofs, ridge points, the point.
 
     x: arithmetic intensity (FLOPs per byte of a decode step); y: FLOP/s per device. The point is
-    the achieved rate, FLOPs per token × aggregate tokens/s ÷ tp (below the roof by the step overhead).
+    the achieved rate, FLOPs per token × aggregate tokens/s ÷ devices (below the roof by the step overhead).
     """
     bw_peak = float(result["bandwidth_Bps"])
     flops_peak = result.get("flops")
@@ -132,7 +133,7 @@ def roofline(result: dict[str, Any]) -> dict[str, Any]:
     bw_eff = float(result.get("reached_bandwidth_Bps") or bw_peak) * float(result["bw_efficiency"])
     flops_eff = None if flops_peak is None else float(flops_peak) * float(result["flops_efficiency"])
     intensity = float(result["arithmetic_intensity"])
-    achieved = float(result["flops_per_token"]) * float(result["throughput_tok_s"]) / int(result["tp"])
+    achieved = float(result["flops_per_token"]) * float(result["throughput_tok_s"]) / int(result.get("devices") or result["tp"])
     ridge_peak = None if flops_peak is None else float(flops_peak) / bw_peak
     ridge_eff = None if flops_eff is None else flops_eff / bw_eff
     ridge = ridge_peak or intensity

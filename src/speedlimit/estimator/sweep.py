@@ -140,6 +140,9 @@ def sweep_arrays(
     output: int = 256,
     kv: str | None = None,
     tp: int = 1,
+    pp: int = 1,
+    dp: int = 1,
+    ep: int = 1,
     ideal: bool = False,
     engine: Any = None,
     threads: int | None = None,
@@ -163,8 +166,8 @@ def sweep_arrays(
         raise SpeedlimitError(f"{given} describes the threads of a CPU run, but no hardware of this sweep is a CPU with "
                               "a known layout: leave it out")
     cells = [
-        [resolve(scenario_from(model=arch, hardware=device, weights=w, kv=kv, tp=tp, ideal=ideal, output=output,
-                               engine=engine, **(cpu if device.topology else {})))
+        [resolve(scenario_from(model=arch, hardware=device, weights=w, kv=kv, tp=tp, pp=pp, dp=dp, ep=ep, ideal=ideal,
+                               output=output, engine=engine, **(cpu if device.topology else {})))
          for device in hardware]
         for arch in models
         for w in weights
@@ -173,7 +176,7 @@ def sweep_arrays(
     machine = _stack([cell.machine for row in cells for cell in row], (len(cells), len(hardware), 1, 1))
     reply = core.reply_decode(cost, machine, batch, context, output)
     itl = reply.itl_s
-    memory = cost.total_weight_bytes + core.kv_cache_bytes(cost, batch, context + output)
+    memory = core.resident_bytes(cost, machine, batch, context + output)
     return {
         "decode_tok_s": 1.0 / itl,
         "itl_s": itl,
@@ -181,7 +184,7 @@ def sweep_arrays(
         "throughput_tok_s": batch / itl,
         "bytes_per_token": reply.step_bytes / batch,
         "memory_bytes": memory,
-        "fits": memory <= core.usable_memory_bytes(machine),  # NaN capacity (unknown) compares False
+        "fits": core.memory_fits(cost, machine, batch, context + output),  # NaN capacity (unknown) compares False
         "compute_bound": reply.compute_bound,
     }
 
@@ -196,6 +199,9 @@ def sweep_grid(
     output: int = 256,
     kv: str | None = None,
     tp: int = 1,
+    pp: int = 1,
+    dp: int = 1,
+    ep: int = 1,
     ideal: bool = False,
     engine: Any = None,
     threads: int | None = None,
@@ -205,8 +211,8 @@ def sweep_grid(
     check_grid_size(models, hardware, weights, batches, contexts)
     archs = [resolve_model(m) for m in models]
     devices = [resolve_hardware(h) for h in hardware]
-    arrays = sweep_arrays(archs, devices, weights, batches, contexts, output=output, kv=kv, tp=tp, ideal=ideal,
-                          engine=engine, threads=threads, numa=numa)
+    arrays = sweep_arrays(archs, devices, weights, batches, contexts, output=output, kv=kv, tp=tp, pp=pp, dp=dp, ep=ep,
+                          ideal=ideal, engine=engine, threads=threads, numa=numa)
     shape = (len(archs) * len(weights), len(devices), len(batches), len(contexts))
     full = {k: np.broadcast_to(v, shape).reshape(-1) for k, v in arrays.items()}
     mw, h, b, c = (axis.reshape(-1) for axis in np.indices(shape))

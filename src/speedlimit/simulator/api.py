@@ -96,6 +96,14 @@ def _length_spec(value: Any, what: str) -> LengthSpec:
     return spec
 
 
+def check_one_engine(step: StepModel) -> None:
+    """The simulator runs one engine: a pipeline (--pp) and experts split over its devices (--ep) are one engine,
+    data-parallel replicas (--dp) are several, each with its own scheduler and queue."""
+    if step.machine.dp > 1:
+        raise SpeedlimitError(f"--dp {int(step.machine.dp)}: simulate runs one engine, not data-parallel replicas; "
+                              "simulate one replica with its share of the load, or use `speedlimit estimate --dp`")
+
+
 def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_batched_tokens: int | None = None,
                   chunked_prefill: bool | None = None, block_size: int = 16, kv_tokens: float | None = None,
                   step: StepModel | None = None, profile: EngineProfile | None = None,
@@ -103,6 +111,8 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
     """An engine's scheduler: explicit options over the engine profile's defaults (``profile``, else ``step``'s
     engine; vLLM's and SGLang's depend on the device's memory and the KV capacity); with ``mode`` given
     (continuous or serial), that scheduler's generic defaults instead. The KV capacity from memory beside the weights. ``use_profile=False``: the mode's generic defaults only."""
+    if step is not None:
+        check_one_engine(step)
     if profile is None and step is not None:
         profile = step.engine
     if not use_profile or mode is not None:  # a scheduler named explicitly runs on its generic defaults
@@ -123,7 +133,7 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
         per_token = float(core.kv_bytes_per_sequence(step.cost, 1.0))
         budget = step.kv_budget_bytes()
         if budget <= 0:
-            raise SpeedlimitError(f"{step.arch.name} does not fit on {step.tp} × {step.device.name}: the weights leave "
+            raise SpeedlimitError(f"{step.arch.name} does not fit on {step.devices} × {step.device.name}: the weights leave "
                                   "no memory for the KV cache (try --tp, fewer --weights bits)")
         capacity = math.floor(budget / per_token) if per_token > 0 and math.isfinite(budget) else math.inf
     else:
@@ -454,8 +464,9 @@ def _slo(slo: Any) -> dict[str, float]:
     return parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
 
 
-def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None, tp: int = 1, ideal: bool = False,
-             threads: int | None = None, numa: str | None = None, bw_efficiency: float | None = None, flops_efficiency: float | None = None,
+def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None, tp: int = 1, pp: int = 1, ep: int = 1,
+             dp: int = 1, ideal: bool = False, threads: int | None = None, numa: str | None = None,
+             bw_efficiency: float | None = None, flops_efficiency: float | None = None,
              step_overhead_s: float | None = None, sequence_overhead_s: float | None = None,
              concurrency: int | None = None, rate: float | None = None, burstiness: float = 1.0,
              requests: int | None = None, duration_s: float | None = None, prompt_tokens: Any = 128,
@@ -465,14 +476,15 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None
              kv_tokens: int | None = None, slo: str | dict[str, float] | None = None) -> Simulation:
     """Predict a serving engine under load, in bench's terms: records and a `RunSummary` (``source="simulate"``).
 
-    Model/hardware/precision/TP as `estimate`; load and workload as `speedlimit bench` (closed loop with
+    Model/hardware/precision/parallelism (tp, pp, ep; not dp: one engine) as `estimate`; load and workload as `speedlimit bench` (closed loop with
     ``concurrency`` or open loop with ``rate``; ``requests`` or ``duration_s``; bench's length distributions or a
     dataset; ``seed``); the serving ``engine`` (a catalog/engines.toml profile: its step costs and scheduler
     defaults) and the scheduler's knobs, which override the profile's; ``slo`` for goodput ("ttft=500ms,tpot=50ms").
     """
     engine, scheduler, use_profile = split_engine(engine, scheduler)
-    step = resolve(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, ideal=ideal, threads=threads,
-                   numa=numa, bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=step_overhead_s,
+    step = resolve(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, pp=pp, ep=ep, dp=dp, ideal=ideal,
+                   threads=threads, numa=numa, bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency,
+                   step_overhead_s=step_overhead_s,
                    sequence_overhead_s=sequence_overhead_s, engine=engine)
     config = engine_config(scheduler, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
                            chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step,

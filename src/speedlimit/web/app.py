@@ -93,7 +93,7 @@ def _readable_validation_error(error: RequestValidationError) -> str:
         if item.get("type") == "json_invalid":
             location, message = "body", f"not valid JSON ({item.get('ctx', {}).get('error', 'parse error')})"
         elif item.get("type") == "extra_forbidden":
-            message = "unknown field (use the CLI names: model, hardware, engine, weights, kv, batch, prompt, output, tp, ideal, config)"
+            message = "unknown field (use the CLI names: model, hardware, engine, weights, kv, batch, prompt, output, tp, pp, dp, ep, ideal, config)"
         parts.append(f"{location}: {message}")
     return "; ".join(parts) or "invalid request"
 

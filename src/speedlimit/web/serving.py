@@ -170,11 +170,12 @@ def _command_line(body: Any, scenario: Any, parameter: str, values: list[float],
     flags = {"hardware": "-H", "profile": "--profile", "bandwidth": "--bandwidth", "flops": "--flops",
              "memory": "--memory", "weights": "--weights", "kv": "--kv", "compute": "--compute", "tp": "--tp",
              "threads": "--threads", "numa": "--numa",
+             "pp": "--pp", "ep": "--ep",
              "bw_efficiency": "--bw-efficiency", "flops_efficiency": "--flops-efficiency",
              "step_overhead_s": "--step-overhead"}
     for field, flag in flags.items():
         value = inputs.get(field)
-        if value is None or (field == "kv" and value == "fp16") or (field == "tp" and value == 1):
+        if value is None or (field == "kv" and value == "fp16") or (field in ("tp", "pp", "ep") and value == 1):
             continue
         argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     if inputs.get("ideal"):
