@@ -183,6 +183,16 @@ def test_replicas_add_throughput_at_the_latency_of_their_share():
     assert four.memory_capacity_bytes == pytest.approx(4 * one.memory_capacity_bytes)
 
 
+def test_fewer_sequences_than_replicas_leave_replicas_idle():
+    one = estimate("llama-3.1-8b", "h100-sxm", batch=2, prompt=1024)
+    four = estimate("llama-3.1-8b", "h100-sxm", batch=2, prompt=1024, dp=4)
+    single = estimate("llama-3.1-8b", "h100-sxm", batch=1, prompt=1024)
+    assert four.itl_s == pytest.approx(single.itl_s, rel=1e-12)  # two replicas with one sequence each
+    assert four.throughput_tok_s == pytest.approx(2 * single.throughput_tok_s, rel=1e-12)
+    assert four.memory_per_device_bytes == pytest.approx(single.memory_per_device_bytes)
+    assert one.itl_s > four.itl_s
+
+
 def test_cost_per_token_counts_every_device():
     one = estimate("llama-3.1-8b", "h100-sxm", batch=16, usd_per_hour=2.0)
     four = estimate("llama-3.1-8b", "h100-sxm", batch=64, dp=4, usd_per_hour=2.0)

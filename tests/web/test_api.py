@@ -37,6 +37,8 @@ CASES = [
     ({"model": "mixtral-8x7b", "hardware": "h200", "batch": 4}, ["--batch", "4"]),
     ({"model": "llama-3.1-8b", "hardware": "amd-epyc-9654-2p", "weights": "q4_k_m", "threads": 96, "numa": "distribute"},
      ["--weights", "q4_k_m", "--threads", "96", "--numa", "distribute"]),
+    ({"model": "deepseek-v3", "hardware": "h200", "weights": "fp8", "tp": 2, "pp": 2, "dp": 2, "ep": 4, "batch": 64},
+     ["--weights", "fp8", "--tp", "2", "--pp", "2", "--dp", "2", "--ep", "4", "--batch", "64"]),
 ]  # fmt: skip
 
 
@@ -106,6 +108,8 @@ def test_catalog_endpoints(client):
         ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "batch": 2.5}, "batch"),
         ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "q9_z"}, "weights format"),
         ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "tp": 10**9}, "tp"),
+        ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "tp": 2, "ep": 2}, "dense model"),
+        ({"model": "mixtral-8x7b", "hardware": "h100-sxm", "tp": 2, "ep": 4}, "ep"),
         ({"model": "llama-3.1-8b", "hardware": "h100-sxm", "bw_efficiency": 3}, "bw_efficiency: must be"),
         ({"model": "llama-3.1-8b"}, "hardware"),
         ({"hardware": "h100-sxm"}, "model"),

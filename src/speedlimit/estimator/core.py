@@ -29,10 +29,10 @@ bw_efficiency.
 Parallelism beyond tensor parallelism (``Machine.pp``, ``dp``, ``ep``) changes what one evaluation of the formula
 above covers, not the formula (`step_seconds`):
 
-- data parallelism (``dp``): the step's sequences are spread evenly over ``dp`` replicas that run in lockstep, each
-  with its own KV cache; the formula prices one replica's share. Without expert parallelism every replica holds the
-  whole model (SGLang's and vLLM's plain DP: "each replica has a full copy of the model",
-  https://docs.sglang.io/advanced_features/dp_dpa_smg_guide.html).
+- data parallelism (``dp``): the step's sequences are spread evenly over ``dp`` replicas (one per sequence when
+  fewer) that run in lockstep, each with its own KV cache; the formula prices one replica's share. Without expert
+  parallelism every replica holds the whole model (SGLang's and vLLM's plain DP: "each replica has a full copy of
+  the model", https://docs.sglang.io/advanced_features/dp_dpa_smg_guide.html).
 - expert parallelism (``ep`` = tp · dp, vLLM's EP group: https://docs.vllm.ai/en/latest/serving/expert_parallel_deployment/):
   the routed experts are split over all tp · dp devices and the MoE layers see the tokens of every replica (DP
   attention, https://docs.sglang.io/advanced_features/dp_dpa_smg_guide.html): the experts read are the expected
@@ -423,9 +423,16 @@ def pipeline_imbalance(cost: CostModel, machine: Machine):
     return np.where(known, np.ceil(safe / pp) * pp / safe, 1.0)
 
 
+def busy_replicas(machine: Machine, sequences):
+    """Data-parallel replicas with work: all dp of them, or one per sequence when there are fewer (at least 1)."""
+    if _scalar(sequences) and _scalar(machine.dp):
+        return min(max(sequences, 1.0), machine.dp)
+    return np.clip(sequences, 1.0, machine.dp)
+
+
 def micro_batches(machine: Machine, sequences):
     """Micro-batches one replica's step is split into: one per pipeline stage, at most one per sequence, at least 1."""
-    per_replica = sequences / machine.dp
+    per_replica = sequences / busy_replicas(machine, sequences)
     if _scalar(per_replica) and _scalar(machine.pp):
         return min(max(per_replica, 1.0), machine.pp)
     return np.clip(per_replica, 1.0, machine.pp)
@@ -433,9 +440,9 @@ def micro_batches(machine: Machine, sequences):
 
 def micro_step(machine: Machine, step: StepBatch) -> tuple[StepBatch, float | np.ndarray]:
     """(the micro-batch one replica's pipeline runs at a time, micro-batches per replica): the step's running sums
-    spread evenly over dp replicas and their micro-batches."""
+    spread evenly over the busy replicas and their micro-batches."""
     count = micro_batches(machine, step.sequences)
-    share = machine.dp * count
+    share = busy_replicas(machine, step.sequences) * count
     if _scalar(share) and share == 1:
         return step, count
     return StepBatch(*(value / share for value in step)), count
@@ -496,7 +503,7 @@ def parallel_step_work(cost: CostModel, machine: Machine, step: StepBatch):
     """(bytes read, FLOPs) of ``step`` summed over all replicas and micro-batches (`step_bytes`, `step_flops`
     when pp = dp = 1)."""
     micro, count = micro_step(machine, step)
-    share = machine.dp * count
+    share = busy_replicas(machine, step.sequences) * count
     return step_bytes(cost, micro, moe_group(machine)) * share, step_flops(cost, micro) * share
 
 
@@ -632,8 +639,10 @@ def stage_weight_bytes(cost: CostModel, machine: Machine):
 
 
 def stage_kv_bytes(cost: CostModel, machine: Machine, batch, context):
-    """KV-cache bytes the largest pipeline stage of one replica holds: its layers' share of its batch share."""
-    return kv_cache_bytes(cost, batch / machine.dp, context) * pipeline_imbalance(cost, machine) / machine.pp
+    """KV-cache bytes the largest pipeline stage of the fullest replica holds: its layers' share of ⌈batch / dp⌉
+    sequences."""
+    share = math.ceil(batch / machine.dp) if _scalar(batch) and _scalar(machine.dp) else np.ceil(batch / machine.dp)
+    return kv_cache_bytes(cost, share, context) * pipeline_imbalance(cost, machine) / machine.pp
 
 
 def resident_bytes(cost: CostModel, machine: Machine, batch, context):

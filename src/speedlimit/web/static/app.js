@@ -4,7 +4,9 @@
 
 const BITS = [2, 3, 4, 5, 6, 8, 16];
 // engine: the serving-engine profile (GET /api/engines); "" leaves it unset, i.e. the API's default (llama.cpp).
-const DEFAULTS = { model: "llama-3.1-8b", hardware: "h100-sxm", engine: "", weights: "16", kv: "fp16", batch: 1, prompt: 512, output: 1000, tp: 1, ideal: false };
+const DEFAULTS = { model: "llama-3.1-8b", hardware: "h100-sxm", engine: "", weights: "16", kv: "fp16", batch: 1, prompt: 512, output: 1000, tp: 1, pp: 1, dp: 1, ep: 1, ideal: false };
+// Parallelism beyond tp stays out of the URL at its default, so that shared links read as before.
+const PARALLEL = ["pp", "dp", "ep"];
 const DEBOUNCE_MS = 16;
 const $ = (id) => document.getElementById(id);
 
@@ -70,6 +72,9 @@ function readState() {
     prompt: parseInt($("prompt").value, 10),
     output: parseInt($("output").value, 10),
     tp: parseInt($("tp").value, 10),
+    pp: parseInt($("pp").value, 10),
+    dp: parseInt($("dp").value, 10),
+    ep: parseInt($("ep").value, 10),
     ideal: $("ideal").checked,
   };
 }
@@ -109,6 +114,7 @@ function writeState(state) {
   $("prompt").value = state.prompt;
   $("output").value = state.output;
   $("tp").value = state.tp;
+  for (const key of PARALLEL) $(key).value = state[key];
   $("ideal").checked = !!state.ideal;
   syncLabels();
 }
@@ -117,7 +123,7 @@ function stateFromUrl() {
   const q = new URLSearchParams(window.location.search);
   const state = { ...DEFAULTS };
   for (const key of ["model", "hardware", "engine", "weights", "kv"]) if (q.has(key)) state[key] = q.get(key);
-  for (const key of ["batch", "prompt", "output", "tp"]) if (q.has(key) && isFinite(parseInt(q.get(key), 10))) state[key] = parseInt(q.get(key), 10);
+  for (const key of ["batch", "prompt", "output", "tp", ...PARALLEL]) if (q.has(key) && isFinite(parseInt(q.get(key), 10))) state[key] = parseInt(q.get(key), 10);
   if (q.has("ideal")) state.ideal = ["1", "true", "yes", "on"].includes(q.get("ideal").toLowerCase());
   return state;
 }
@@ -151,6 +157,7 @@ function stateToUrl(state) {
   for (const [key, value] of Object.entries(state)) {
     if (key === "ideal") { if (value) q.set("ideal", "1"); }
     else if (key === "engine") { if (value) q.set("engine", value); }
+    else if (PARALLEL.includes(key)) { if (value !== 1) q.set(key, String(value)); }
     else q.set(key, String(value));
   }
   for (const [key, value] of Object.entries(readSimState())) if (value !== SIM_DEFAULTS[key]) q.set(key, value);
@@ -300,22 +307,24 @@ function scheduleCharts(data, mySeq, started) {
 
 function renderMemory(e) {
   const capacity = e.memory_capacity_bytes;
-  const used = e.weights_bytes + e.kv_cache_bytes;
+  const used = e.memory_bytes;  // every replica's weights and every sequence's KV, on all the devices
+  const weights = used - e.kv_cache_bytes;
   const total = capacity ? Math.max(capacity, used) : used;
   const pct = (x) => (100 * x / total).toFixed(2) + "%";
   const bar = $("memory-bar");
-  const over = capacity !== null && used > capacity;
+  const over = capacity !== null && (used > capacity || e.fits === false);  // the fullest device decides
   bar.classList.toggle("over", over);
-  $("mem-weights").style.width = pct(over ? Math.min(e.weights_bytes, capacity) : e.weights_bytes);
-  $("mem-kv").style.width = pct(over ? Math.max(0, Math.min(e.kv_cache_bytes, capacity - e.weights_bytes)) : e.kv_cache_bytes);
+  $("mem-weights").style.width = pct(over ? Math.min(weights, capacity) : weights);
+  $("mem-kv").style.width = pct(over ? Math.max(0, Math.min(e.kv_cache_bytes, capacity - weights)) : e.kv_cache_bytes);
   $("mem-free").style.width = capacity === null ? "0%" : pct(Math.abs(capacity - used));
-  $("mem-weights").title = "weights " + fmtBytes(e.weights_bytes);
+  $("mem-weights").title = "weights " + fmtBytes(weights);
   $("mem-kv").title = "KV cache " + fmtBytes(e.kv_cache_bytes);
-  let text = `weights ${fmtBytes(e.weights_bytes)} + KV ${fmtBytes(e.kv_cache_bytes)} (${fmtBytes(e.kv_bytes_per_token)}/token/sequence)`;
+  let text = `weights ${fmtBytes(weights)} + KV ${fmtBytes(e.kv_cache_bytes)} (${fmtBytes(e.kv_bytes_per_token)}/token/sequence)`;
   if (capacity === null) text += " — capacity unknown";
   else {
-    text += ` of ${fmtBytes(capacity)} usable` + (e.tp > 1 ? ` across ${e.tp} devices` : "");
-    text += over ? ` — does NOT fit (over by ${fmtBytes(used - capacity)})` : ` — fits, ${fmtBytes(capacity - used)} free`;
+    text += ` of ${fmtBytes(capacity)} usable` + (e.devices > 1 ? ` across ${e.devices} devices` : "");
+    if (e.devices > 1) text += ` (tp ${e.tp} × pp ${e.pp} × dp ${e.dp}${e.ep > 1 ? `, ep ${e.ep}` : ""}; ${fmtBytes(e.memory_per_device_bytes)} on the fullest device)`;
+    text += over ? (used > capacity ? ` — does NOT fit (over by ${fmtBytes(used - capacity)})` : " — does NOT fit on the fullest device") : ` — fits, ${fmtBytes(capacity - used)} free`;
     if (e.max_batch !== null) text += `; max batch ${fmtInt(e.max_batch)}`;
   }
   $("memory-text").textContent = text;
