@@ -193,6 +193,22 @@ def test_fewer_sequences_than_replicas_leave_replicas_idle():
     assert one.itl_s > four.itl_s
 
 
+def test_the_critical_batch_counts_every_replicas_micro_batches():
+    one = estimate("llama-3.1-70b", "h200", weights="fp8", prompt=128, output=16)
+    eight = estimate("llama-3.1-70b", "h200", weights="fp8", prompt=128, output=16, tp=2, pp=2, dp=2)
+    two = estimate("llama-3.1-70b", "h200", weights="fp8", prompt=128, output=16, tp=2)
+    assert eight.critical_batch == pytest.approx(4 * two.critical_batch, abs=4)
+    assert one.critical_batch == two.critical_batch  # tensor parallelism splits bytes and FLOPs alike
+    moe = estimate("deepseek-v3", "h200", weights="fp8", dp=8, ep=8, prompt=512, output=256)
+    resolved = step_model("deepseek-v3", "h200", weights="fp8", dp=8, ep=8)
+
+    def compute_bound(batch):
+        memory_s, compute_s = core.step_roofline(resolved.cost, resolved.machine, core.decode_batch(resolved.cost, batch, 640.0))
+        return compute_s >= memory_s
+
+    assert compute_bound(moe.critical_batch) and not compute_bound(moe.critical_batch - 1)
+
+
 def test_cost_per_token_counts_every_device():
     one = estimate("llama-3.1-8b", "h100-sxm", batch=16, usd_per_hour=2.0)
     four = estimate("llama-3.1-8b", "h100-sxm", batch=64, dp=4, usd_per_hour=2.0)

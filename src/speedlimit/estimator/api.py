@@ -548,8 +548,7 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         flops_per_token=step_flops / batch,
         arithmetic_intensity=step_flops / step_bytes,
         regime="compute" if reply.compute_bound else "memory",
-        # the batch of one replica's micro-batch, scaled to every micro-batch in flight on every replica
-        critical_batch=_finite_or_none(core.critical_batch(cost, machine, mid_context) * scenario.dp * scenario.pp),
+        critical_batch=_finite_or_none(core.critical_batch(cost, machine, mid_context)),
         total_params=arch.total_params,
         active_params=arch.active_params,
         weights_bytes=weights_bytes,

@@ -578,13 +578,13 @@ def prefill_seconds(cost: CostModel, machine: Machine, batch, prompt):
 def critical_batch(cost: CostModel, machine: Machine, context, max_batch: float = 1e7):
     """Smallest batch at which a decode step turns compute-bound at ``context`` (inf if it never does).
 
-    Dense models have a closed form: weights/BW = B · (flops/F − per-sequence bytes/BW). MoE models,
-    whose weights read grow with the batch, are solved by a vectorized bisection in log space.
+    Dense models have a closed form: weights/BW = B · (flops/F − per-sequence bytes/BW) for the micro-batch B one
+    replica's pipeline runs, dp · pp of them in the whole batch. MoE models, whose weights read grow with the batch,
+    are solved by a vectorized bisection in log space.
     """
 
     def compute_bound(batch):
-        memory_s, compute_s = roofline_seconds(decode_bytes(cost, batch, context),
-                                               priced_flops(cost, machine, decode_batch(cost, batch, context)), machine)
+        memory_s, compute_s = step_roofline(cost, machine, decode_batch(cost, batch, context))
         return compute_s >= memory_s
 
     shape = np.broadcast(*(np.asarray(v) for v in (*cost, *machine, context))).shape
@@ -596,7 +596,8 @@ def critical_batch(cost: CostModel, machine: Machine, context, max_batch: float 
     fixed_s, _ = roofline_seconds(cost.head_bytes + cost.dense_bytes, 0.0, machine)
     slope = compute_per_sequence - memory_per_sequence
     with np.errstate(divide="ignore", invalid="ignore"):
-        closed = np.where(slope > 0, np.maximum(np.ceil(fixed_s / np.where(slope > 0, slope, 1.0)), 1.0), np.inf)
+        micro = np.maximum(np.ceil(fixed_s / np.where(slope > 0, slope, 1.0)), 1.0)
+        closed = np.where(slope > 0, micro * machine.dp * machine.pp, np.inf)
     finite = np.isfinite(closed) & (closed <= max_batch)
     closed = np.where(finite, closed, np.inf)
     # guard the ceiling against rounding: the answer is bound, the batch below it is not
