@@ -209,6 +209,18 @@ def test_the_critical_batch_counts_every_replicas_micro_batches():
     assert compute_bound(moe.critical_batch) and not compute_bound(moe.critical_batch - 1)
 
 
+def test_tensor_parallelism_replicates_kv_it_cannot_split():
+    def kv(model, **parallel):
+        return estimate(model, "h200", weights="fp8", **parallel).kv_bytes_per_token
+
+    assert kv("llama-3.1-70b", tp=8) == kv("llama-3.1-70b")  # 8 KV heads, one per device
+    assert kv("llama-3.1-70b", tp=16) == 2 * kv("llama-3.1-70b")  # each KV head on two devices
+    assert kv("deepseek-v3", tp=8) == 8 * kv("deepseek-v3")  # MLA's latent on every device
+    assert kv("deepseek-v3", dp=8, ep=8) == kv("deepseek-v3")  # data-parallel attention keeps one copy
+    assert (estimate("deepseek-v3", "h200", weights="fp8", dp=8, ep=8, prompt=2048, output=512).max_batch
+            > 4 * estimate("deepseek-v3", "h200", weights="fp8", tp=8, prompt=2048, output=512).max_batch)
+
+
 def test_cost_per_token_counts_every_device():
     one = estimate("llama-3.1-8b", "h100-sxm", batch=16, usd_per_hour=2.0)
     four = estimate("llama-3.1-8b", "h100-sxm", batch=64, dp=4, usd_per_hour=2.0)

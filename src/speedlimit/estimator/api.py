@@ -63,7 +63,7 @@ class Estimate(Artifact):
     total_params: float
     active_params: float
     weights_bytes: float
-    kv_bytes_per_token: float  # per context token of one sequence
+    kv_bytes_per_token: float  # per context token of one sequence, over its tp devices (`kv_replicas` copies)
     kv_cache_bytes: float  # whole batch at prompt + output tokens
     memory_bytes: float  # weights + KV cache on all the devices (every data-parallel replica's weights)
     memory_capacity_bytes: float | None  # usable across all the devices
@@ -349,6 +349,10 @@ def resolve(scenario: Scenario) -> StepModel:
     kv = parse_precision(scenario.kv if scenario.kv is not None else engine.kv.value, what="kv")
     efficiency, terms = engine_efficiency(scenario, device, engine)
     cost, bits = cost_model(arch, weights, kv)
+    replicas = kv_replicas(arch, scenario.tp)
+    if replicas > 1:
+        cost = cost._replace(kv_bytes_per_token_global=cost.kv_bytes_per_token_global * replicas,
+                             kv_bytes_per_token_local=cost.kv_bytes_per_token_local * replicas)
     weights_name = weights.name if weights else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
     compute_dtype, peak_flops = compute_rate(arch, device, weights, scenario.compute)
     if scenario.ideal:
@@ -461,6 +465,23 @@ def _check_tensor_parallel(arch: Architecture, tp: int) -> None:
     if arch.n_kv_heads and arch.n_kv_heads % tp and tp % arch.n_kv_heads:
         raise SpeedlimitError(f"--tp {tp} cannot split or replicate {arch.name}'s {arch.n_kv_heads} KV heads; "
                               f"use a divisor or multiple of {arch.n_kv_heads}")
+
+
+def kv_replicas(arch: Architecture, tp: int) -> int:
+    """Copies of the KV cache that tensor parallelism keeps over its ``tp`` devices.
+
+    Heads split over the devices, so KV heads fewer than ``tp`` are replicated (tp / KV heads copies of each, as
+    vLLM's QKVParallelLinear does), and MLA's one latent per token, shared by every head, is on every device
+    ("MLA ... only [has] one KV head ... tensor parallelism on 8 GPUs ... lead[s] to redundant KV cache",
+    https://docs.sglang.io/advanced_features/dp_dpa_smg_guide.html): what data-parallel attention (--dp) avoids.
+    """
+    if tp <= 1:
+        return 1
+    if arch.attention == "mla":
+        return tp
+    if arch.n_kv_heads and tp > arch.n_kv_heads:
+        return tp // arch.n_kv_heads
+    return 1
 
 
 def _check_pipeline_parallel(arch: Architecture, pp: int) -> None:
