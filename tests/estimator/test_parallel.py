@@ -111,6 +111,20 @@ def test_the_largest_stage_sets_the_cycle():
     assert core.decode_step_seconds(cost, machine, 512.0, 100.0) == pytest.approx(4 / 3 * micro_s)  # sends are µs
 
 
+@pytest.mark.parametrize(("model", "parallel"), [
+    ("gemma-2-9b", {"pp": 3, "dp": 2}),  # 42 layers in stages of 14: and a sliding window
+    ("llama-3.1-70b", {"tp": 2, "pp": 3}),  # 80 layers: 27 + 27 + 26
+    ("deepseek-v3", {"tp": 2, "dp": 4, "ep": 8}),
+])  # fmt: skip
+@pytest.mark.parametrize(("batch", "start", "end"), [(1, 100, 9000), (512, 10, 6000), (64, 0, 3000)])
+def test_mean_step_over_the_reply_is_the_average(model, parallel, batch, start, end):
+    resolved = step_model(model, "h200", weights="fp8", **parallel)
+    contexts = np.linspace(start, end, 100_001)
+    brute = float(np.mean(core.decode_step_seconds(resolved.cost, resolved.machine, float(batch), contexts)))
+    mean = float(core.mean_decode_step_seconds(resolved.cost, resolved.machine, float(batch), start, end))
+    assert mean == pytest.approx(brute, rel=1e-5)
+
+
 def test_prefill_fills_the_pipeline():
     cost, _ = _setup()
     _, machine = _setup(pp=4)
