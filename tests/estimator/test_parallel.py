@@ -319,3 +319,10 @@ def test_simulate_runs_a_pipeline():
     assert piped["completed"] == 16
     # the second stage's devices hold half the layers' weights and KV: more than twice the KV capacity
     assert piped["engine"]["kv_capacity_tokens"] > 2 * flat["engine"]["kv_capacity_tokens"]
+
+
+def test_cli_plot_draws_a_parallel_deployment(tmp_path):
+    out = runner.invoke(app, ["estimate", "-m", "llama-3.1-70b", "-H", "h100-sxm", "--tp", "2", "--pp", "2", "--batch", "8",
+                              "--plot", str(tmp_path / "plot.png")])
+    assert out.exit_code == 0, out.output
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -73,7 +73,7 @@ def estimate_command(
 
         resolved = resolve(scenario)
         kwargs = scenario.model_dump(exclude={"model", "hardware", "profile", "bandwidth", "flops", "memory"})
-        plot_estimate(resolved.arch, resolved.hardware, plot, **kwargs)
+        plot_estimate(resolved.arch, resolved.device, plot, **kwargs)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), allow_nan=False))
         return

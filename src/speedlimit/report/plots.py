@@ -102,7 +102,9 @@ def plot_estimate(model, hardware, out_path, **estimate_kwargs) -> Path:
     draw_roofline(right, result)
     fig.suptitle(
         f"{result['model']} on {result['hardware']}: weights {result['weights']}, KV {result['kv']}, batch {result['batch']}, "
-        f"prompt {result['prompt']}, output {result['output']}, tp {result['tp']} ({result['mode']}): "
+        f"prompt {result['prompt']}, output {result['output']}, tp {result['tp']}"
+        + "".join(f", {key} {result[key]}" for key in ("pp", "dp", "ep") if result.get(key, 1) > 1)
+        + f" ({result['mode']}): "
         f"{result['decode_tok_s']:.3g} tok/s per user, {result['throughput_tok_s']:.3g} tok/s total",
         fontsize=10,
     )
