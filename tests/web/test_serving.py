@@ -46,7 +46,8 @@ POINT_KEYS = {"ttft_p50_s": ("ttft_s", "p50"), "ttft_p99_s": ("ttft_s", "p99"), 
     {"load": "concurrency", "values": [1, 2, 4], "engine": "serial", "output": 64},
     {"load": "concurrency", "values": [1, 2], "hardware": "amd-epyc-9654-2p", "weights": "q4_k_m", "threads": 96,
      "numa": "distribute", "output": 32},
-], ids=["concurrency-slo", "rate", "serial", "cpu-numa"])
+    {"load": "concurrency", "values": [1, 8], "model": "mixtral-8x7b", "tp": 2, "pp": 2, "ep": 2, "output": 64},
+], ids=["concurrency-slo", "rate", "serial", "cpu-numa", "pipeline-experts"])
 def test_every_level_equals_the_command_line_it_prints(client, body):
     response = _post(client, **body)
     assert response.status_code == 200, response.text
@@ -211,3 +212,10 @@ def test_whole_prompt_engine_profile_serves_every_request(client):
     for ours, theirs in zip(data["points"], cli["points"]):
         for key, (metric, quantile) in POINT_KEYS.items():
             assert ours[key] == theirs[metric][quantile], key
+
+
+def test_data_parallel_replicas_are_one_line_422(client):
+    response = _post(client, dp=2)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert "one engine" in detail and "\n" not in detail

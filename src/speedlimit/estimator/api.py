@@ -509,7 +509,7 @@ def estimate(model: str | Architecture, hardware: str | Hardware | None = None, 
 
     ``model``: catalog name, path to config.json or .gguf, bare size ("7B"), or an `Architecture`.
     ``hardware``: catalog name, calibrated profile name, or a `Hardware` (or give ``bandwidth=``). The other
-    keyword arguments are the `Scenario` fields (weights, kv, compute, batch, prompt, output, tp, ideal,
+    keyword arguments are the `Scenario` fields (weights, kv, compute, batch, prompt, output, tp, pp, dp, ep, ideal,
     bw_efficiency, flops_efficiency, step_overhead_s, usd_per_hour, ...); bad ones raise `SpeedlimitError`.
     """
     return estimate_scenario(scenario_from(model=model, hardware=hardware, **inputs))

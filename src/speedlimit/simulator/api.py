@@ -101,7 +101,7 @@ def check_one_engine(step: StepModel) -> None:
     data-parallel replicas (--dp) are several, each with its own scheduler and queue."""
     if step.machine.dp > 1:
         raise SpeedlimitError(f"--dp {int(step.machine.dp)}: simulate runs one engine, not data-parallel replicas; "
-                              "simulate one replica with its share of the load, or use `speedlimit estimate --dp`")
+                              "simulate one replica with its share of the load (the estimate prices the replicas)")
 
 
 def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_batched_tokens: int | None = None,
