@@ -176,7 +176,8 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=6,
 )
-FIELDS = ["model", "hardware", "weights", "kv", "batch", "prompt", "output", "tp", "ideal", "bw_efficiency", "config", "batches"]
+FIELDS = ["model", "hardware", "weights", "kv", "batch", "prompt", "output", "tp", "pp", "dp", "ep", "ideal", "bw_efficiency",
+          "config", "batches"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -175,7 +175,8 @@ anything = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.
 
 @FUZZ
 @given(field=st.sampled_from(["load", "values", "requests", "seed", "engine", "scheduler", "max_seqs", "max_batched_tokens",
-                              "chunked_prefill", "slo", "prompt", "output", "tp", "kv", "weights"]), value=anything)
+                              "chunked_prefill", "slo", "prompt", "output", "tp", "pp", "dp", "ep", "kv", "weights"]),
+       value=anything)
 def test_any_value_of_any_field_is_200_or_a_one_line_422(client, field, value):
     response = client.post("/api/simulate", json={**BASE, "output": 32, field: value})
     assert response.status_code in (200, 422), (field, value, response.text)
