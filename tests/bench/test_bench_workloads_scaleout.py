@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from speedlimit.bench.runner import WorkloadPlan
 from speedlimit.bench.workload import LengthSpec, build_requests, load_dataset, load_trace, trace_offsets_s
 from speedlimit.errors import SpeedlimitError
 from test_bench_hardening import _rows
@@ -24,6 +25,32 @@ def test_prefix_tokens_start_every_prompt_with_one_shared_text():
     prefixes = {spec.prompt.split("\n")[0] for spec in specs}
     assert len(prefixes) == 1 and len(prefixes.pop().split()) == 6
     assert len({spec.prompt for spec in specs}) == 4 and all(spec.prompt_tokens == 16 for spec in specs)
+
+
+def test_prefix_groups_give_prompt_i_prefix_i_mod_groups_and_the_first_prefix_stays():
+    one = asyncio.run(build_requests(6, prompt_spec=LengthSpec("fixed", 10), output_tokens=3, seed=1, prefix_tokens=6))
+    specs = asyncio.run(build_requests(6, prompt_spec=LengthSpec("fixed", 10), output_tokens=3, seed=1,
+                                       prefix_tokens=6, prefix_groups=3))
+    prefixes = [spec.prompt.split("\n")[0] for spec in specs]
+    assert prefixes[:3] == prefixes[3:] and len(set(prefixes)) == 3
+    assert prefixes[0] == one[0].prompt.split("\n")[0]  # what --prefix-tokens alone always sent
+    with pytest.raises(SpeedlimitError, match="needs --prefix-tokens"):
+        WorkloadPlan(prefix_groups=2)
+
+
+def test_prompts_share_their_first_prefix_tokens_at_the_tokenizer_level():
+    from speedlimit.bench.tokenizer import load_local_tokenizer
+    from speedlimit.bundled import default_gguf_path
+
+    tokenizer = load_local_tokenizer(default_gguf_path())
+    specs = asyncio.run(build_requests(6, prompt_spec=LengthSpec("uniform", 20, 60), output_tokens=3, seed=2,
+                                       tokenizer=tokenizer, prefix_tokens=50, prefix_groups=2))
+    ids = [tokenizer.encode(spec.prompt) for spec in specs]
+    for group in (0, 1):
+        heads = {tuple(i[:50]) for i in ids[group::2]}
+        assert len(heads) == 1  # every prompt of the group starts with the same 50 tokens (BOS included)
+    assert ids[0][:50] != ids[1][:50]
+    assert all(abs(len(i) - spec.prompt_tokens) <= 2 for i, spec in zip(ids, specs))
 
 
 def test_conversation_turns_carry_the_turns_before_them_and_stay_in_order(tmp_path):

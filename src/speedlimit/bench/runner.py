@@ -131,12 +131,18 @@ class WorkloadPlan:
     prefix_tokens: int = 0  # --prefix-tokens: one shared prefix on every prompt
     trace: Path | None = None  # --trace: replay a trace's arrivals and lengths
     time_scale: float = 1.0  # --time-scale: the trace's recorded gaps times this
+    prefix_groups: int = 1  # --prefix-groups: that many distinct shared prefixes, prompt i with prefix i mod groups
 
     def __post_init__(self) -> None:
         if not 1 <= self.output_tokens <= MAX_TOKENS:
             raise SpeedlimitError(f"--output-tokens must be between 1 and {MAX_TOKENS:,}")
         if not 0 <= self.prefix_tokens <= MAX_TOKENS:
             raise SpeedlimitError(f"--prefix-tokens must be between 0 and {MAX_TOKENS:,}")
+        if not 1 <= self.prefix_groups <= MAX_PROMPT_POOL:
+            raise SpeedlimitError(f"--prefix-groups must be between 1 and {MAX_PROMPT_POOL:,}")
+        if self.prefix_groups > 1 and not self.prefix_tokens:
+            raise SpeedlimitError(f"--prefix-groups {self.prefix_groups} needs --prefix-tokens: the length of each "
+                                  "group's prefix")
         if not 0 < self.time_scale < math.inf:
             raise SpeedlimitError("--time-scale must be a finite number > 0")
         if self.trace is not None and self.dataset is not None:
@@ -438,7 +444,8 @@ class BenchRunner:
         return await build_requests(n, prompt_spec=self.workload.prompt_tokens,
                                     output_tokens=self.workload.output_tokens, seed=self.workload.seed + salt,
                                     tokenizer=self.tokenizer, dataset=self.dataset,
-                                    prefix_tokens=self.workload.prefix_tokens, trace=self.trace)
+                                    prefix_tokens=self.workload.prefix_tokens, trace=self.trace,
+                                    prefix_groups=self.workload.prefix_groups)
 
     async def run(self, plan: LoadPlan, out_dir: Path | None = None, label: str = "bench") -> RunResult:
         """Warm up, run the plan, recount tokens, summarize; writes out_dir/requests.jsonl and summary.json."""
@@ -588,6 +595,7 @@ class BenchRunner:
                              "output_tokens": self.workload.output_tokens,
                              "dataset": str(self.workload.dataset) if self.workload.dataset else None,
                              "seed": self.workload.seed, "prefix_tokens": self.workload.prefix_tokens,
+                             "prefix_groups": self.workload.prefix_groups,
                              "trace": str(self.workload.trace) if self.workload.trace else None,
                              "time_scale": self.workload.time_scale}}
 

@@ -271,11 +271,11 @@ def _dataset_order(dataset: list[dict[str, Any]], rng: np.random.Generator) -> l
 
 async def build_requests(n: int, *, prompt_spec: LengthSpec, output_tokens: int, seed: int, tokenizer=None,
                          dataset: list[dict[str, Any]] | None = None, parallel: int = 8, prefix_tokens: int = 0,
-                         trace: list[TraceRow] | None = None) -> list[RequestSpec]:
+                         trace: list[TraceRow] | None = None, prefix_groups: int = 1) -> list[RequestSpec]:
     """`n` request specs, deterministic for a seed: dataset rows (shuffled, a conversation's turns kept in order,
     cycled), synthetic prompts, or synthetic prompts of a trace's lengths (row i for request i). `prefix_tokens`:
     the same synthetic text of that many tokens starts every prompt (a system message for chat rows), so a
-    server's prefix cache can hit."""
+    server's prefix cache can hit; `prefix_groups` such texts, prompt i starting with text i mod groups."""
     if output_tokens < 1:
         raise SpeedlimitError("--output-tokens must be >= 1")
     rng = np.random.default_rng([seed, 0])
@@ -319,22 +319,28 @@ async def build_requests(n: int, *, prompt_spec: LengthSpec, output_tokens: int,
 
     await asyncio.gather(*(complete(spec) for spec in specs))
     if prefix_tokens > 0:
-        await add_shared_prefix(specs, prefix_tokens, seed, tokenizer)
+        await add_shared_prefix(specs, prefix_tokens, seed, tokenizer, prefix_groups)
     return specs
 
 
-async def add_shared_prefix(specs: list[RequestSpec], prefix_tokens: int, seed: int, tokenizer=None) -> str:
-    """Start every prompt with the same seeded text of `prefix_tokens` tokens (exact with a tokenizer, else words);
-    chat rows get it as a leading system message. Prompt token counts grow by the prefix's."""
+async def add_shared_prefix(specs: list[RequestSpec], prefix_tokens: int, seed: int, tokenizer=None,
+                            groups: int = 1) -> list[str]:
+    """Start every prompt with one of `groups` seeded texts of `prefix_tokens` tokens each (exact with a tokenizer,
+    else words), request i with text i mod groups (the first text is the same whatever `groups`); chat rows get it
+    as a leading system message. Prompt token counts grow by the prefix's. Returns the texts."""
+    groups = max(1, min(groups, len(specs)))  # a text no request would start with is not built
     rng = np.random.default_rng([seed, 3])
-    if tokenizer is not None:
-        prefix, count = await fit_prompt(tokenizer, prefix_tokens, rng)
-    else:
-        prefix, count = synthetic_text(prefix_tokens, rng), prefix_tokens
+    prefixes: list[tuple[str, int]] = []
+    for _ in range(groups):
+        if tokenizer is not None:
+            prefixes.append(await fit_prompt(tokenizer, prefix_tokens, rng))
+        else:
+            prefixes.append((synthetic_text(prefix_tokens, rng), prefix_tokens))
     for spec in specs:
+        prefix, count = prefixes[spec.index % groups]
         spec.prompt = prefix + "\n" + spec.prompt
         if spec.messages:
             spec.messages = [{"role": "system", "content": prefix}, *spec.messages]
         if spec.prompt_tokens is not None:
             spec.prompt_tokens += count
-    return prefix
+    return [text for text, _ in prefixes]

@@ -58,6 +58,7 @@ EXAMPLES = {
         "speedlimit bench --url http://127.0.0.1:8000/v1 --concurrency 4 --requests 32",
         "speedlimit bench --url http://127.0.0.1:8000/v1 --sweep concurrency=1,2,4,8 --slo ttft=500ms,itl=50ms --out runs/a",
         "speedlimit bench --url http://127.0.0.1:8000/v1 --rate 2 --duration 60 --compare-estimate --hardware local",
+        "speedlimit bench --url http://127.0.0.1:8000/v1 --concurrency 8 --prefix-tokens 2000 --prefix-groups 4",
     ],
     "simulate": [
         "speedlimit simulate -m llama-3.1-8b -H h100-sxm --concurrency 64 --requests 1000 --prompt-tokens 1024 --output-tokens 256",
@@ -65,6 +66,7 @@ EXAMPLES = {
         "speedlimit simulate -m smollm2-135m -H local --engine llama-cpp-python --concurrency 4 --requests 16 --json",
         "speedlimit simulate -m llama-3.1-70b -H h100-sxm --tp 4 --engine vllm --concurrency 64 --requests 500",
         "speedlimit simulate -m llama-3.1-70b -H l40s --tp 2 --pp 2 --weights fp8 --engine vllm --concurrency 32 --requests 200",
+        "speedlimit simulate -m llama-3.1-8b -H h100-sxm --engine vllm --concurrency 32 --prefix-tokens 2000 --prefix-groups 4 --no-prefix-caching",
     ],
     "verify": ["speedlimit verify --quick", "speedlimit verify --out verify.json"],
     "calibrate": ["speedlimit calibrate verify.json", "speedlimit calibrate verify.json runs/a/summary.json --name box --out box.toml",

@@ -54,6 +54,8 @@ def bench_command(
                                                       "...]}: one request per user turn, with the turns before it)."),
     prefix_tokens: int = typer.Option(0, help="A shared prefix of this many tokens on every prompt (exercises "
                                               "prefix caching); added to --prompt-tokens."),
+    prefix_groups: int = typer.Option(1, help="--prefix-tokens: this many distinct prefixes, prompt i starting with "
+                                              "prefix i mod groups."),
     trace: Optional[Path] = typer.Option(None, help="Replay a JSONL trace: one request a line, sent at its "
                                                     "recorded time ({'arrival_s', 'prompt_tokens', "
                                                     "'output_tokens'}, or Mooncake's timestamp ms/input_length/"
@@ -141,7 +143,7 @@ def bench_command(
     endpoint = Endpoint(url, model=model, api=api, api_key=api_key, include_usage=include_usage,
                         force_output=force_output, timeout_s=timeout, extra_body=_extra_body(extra_body))
     workload = WorkloadPlan(parse_length_spec(prompt_tokens), output_tokens, dataset, seed, prefix_tokens, trace,
-                            time_scale)
+                            time_scale, prefix_groups)
     slo_bounds = parse_slo(slo)
     sweep_spec = parse_sweep(sweep) if sweep else None
     if sweep_spec is None and concurrency is not None and rate is not None:

@@ -51,6 +51,8 @@ def simulation_table(summary: RunSummary) -> Table:
          f"{capacity:,.0f} tokens, peak {peak:.0%} used, mean {kv.get('mean_fraction') or 0:.0%}"),
         ("preemptions", f"{sim.get('preemptions', 0):,} ({sim.get('preempted_requests', 0):,} requests recomputed)"),
     ]
+    if sim.get("prefix_cache_hit_rate") is not None:
+        rows.append(("prefix cache", f"{sim['prefix_cache_hit_rate']:.0%} of prompt tokens found cached"))
     records_split = sim.get("time_split")
     if records_split:
         rows.append(("time split (mean)", f"queue {_ms(records_split['queue_s'])} ms, prefill "
@@ -99,6 +101,10 @@ def simulate_command(
     prompt_tokens: str = typer.Option("128", help="Prompt length in tokens: N, uniform:LOW:HIGH or normal:MEAN:STD."),
     output_tokens: str = typer.Option("64", help="Output tokens per request: N, uniform:LOW:HIGH or normal:MEAN:STD."),
     dataset: Optional[Path] = typer.Option(None, help="bench's JSONL of prompts (lengths in words, or prompt_tokens)."),
+    prefix_tokens: int = typer.Option(0, help="bench's shared prefix: this many tokens start every prompt; added to "
+                                              "--prompt-tokens."),
+    prefix_groups: int = typer.Option(1, help="--prefix-tokens: this many distinct prefixes, prompt i starting with "
+                                              "prefix i mod groups."),
     trace: Optional[Path] = typer.Option(None, help="Replay bench's JSONL trace: each request at its recorded time "
                                                     "with its recorded lengths ({\"arrival_s\", \"prompt_tokens\", "
                                                     "\"output_tokens\"} or Mooncake's timestamp/input_length/"
@@ -122,6 +128,9 @@ def simulate_command(
                                                    help="Split prompts over steps within the token budget (else "
                                                         "prefill-first steps of whole prompts; default: the engine "
                                                         "profile's)."),
+    prefix_caching: Optional[bool] = typer.Option(None, "--prefix-caching/--no-prefix-caching", metavar="",
+                                                  help="Reuse the cached KV blocks of a prompt's shared prefix, LRU "
+                                                       "eviction (default: the engine profile's)."),
     block_size: int = typer.Option(16, help="KV-cache block size in tokens (paged attention)."),
     kv_tokens: Optional[int] = typer.Option(None, help="KV-cache capacity in tokens (default: memory beside the "
                                                        "weights; llama-server: its -c)."),
@@ -144,11 +153,12 @@ def simulate_command(
     step = with_sequence_overhead(resolve(scenario_from(**inputs)), sequence_overhead)
     config = engine_config(scheduler, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
                            chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step,
-                           use_profile=use_profile)
+                           use_profile=use_profile, prefix_caching=prefix_caching)
     slo_bounds = parse_slo(slo)
     check_out_dir(out, force)  # bench's check, before any work: never a file, never over a run unless --force
     workload_options = dict(burstiness=burstiness, requests=requests, duration_s=duration, prompt_tokens=prompt_tokens,
-                            output_tokens=output_tokens, dataset=dataset, seed=seed)
+                            output_tokens=output_tokens, dataset=dataset, seed=seed, prefix_tokens=prefix_tokens,
+                            prefix_groups=prefix_groups)
     if trace is not None and sweep:
         raise SpeedlimitError("--trace sets the arrivals: give no --sweep with it (use --time-scale for the rate)")
     if sweep:

@@ -4,7 +4,9 @@ The workload is bench's, draw for draw: prompt lengths from the same seeded gene
 0])`), open-loop arrival times from `bench.workload.arrival_offsets_s`, closed-loop clients that send the next request
 when one ends, dataset rows shuffled the same way. Records are `RequestRecord`s and the summary comes from
 `bench.metrics.summarize`, so every definition (TTFT, ITL, TPOT, E2E, goodput, throughput over first send → last end)
-is the one bench uses.
+is the one bench uses. Shared prefixes are bench's too: ``--prefix-tokens`` starts every prompt with one of
+``--prefix-groups`` seeded texts (prompt i gets text i mod groups), and a dataset conversation's turns each repeat the
+turns before them; with the engine's prefix caching on, the engine reuses them.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ class Workload:
     describe: dict[str, Any] | None = None
     trace: str | None = None  # --trace: the replayed trace file (arrivals at its recorded times)
     time_scale: float | None = None
+    # per prompt: its prefix group (-1: none) and the leading tokens it has in common with that group (None: no prompt
+    # shares anything)
+    prefix_group: list[int] | None = None
+    shared_tokens: list[int] | None = None
 
     def load_info(self) -> LoadInfo:
         return LoadInfo(concurrency=self.concurrency, rate=self.rate, burstiness=self.burstiness,
@@ -107,7 +113,7 @@ def check_one_engine(step: StepModel) -> None:
 def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_batched_tokens: int | None = None,
                   chunked_prefill: bool | None = None, block_size: int = 16, kv_tokens: float | None = None,
                   step: StepModel | None = None, profile: EngineProfile | None = None,
-                  use_profile: bool = True) -> EngineConfig:
+                  use_profile: bool = True, prefix_caching: bool | None = None) -> EngineConfig:
     """An engine's scheduler: explicit options over the engine profile's defaults (``profile``, else ``step``'s
     engine; vLLM's and SGLang's depend on the device's memory and the KV capacity); with ``mode`` given
     (continuous or serial), that scheduler's generic defaults instead. The KV capacity from memory beside the weights. ``use_profile=False``: the mode's generic defaults only."""
@@ -148,6 +154,8 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
             chunked_prefill = bool(profile.chunked_prefill.value)
         if profile.prefill_first is not None:
             prefill_first = bool(profile.prefill_first.value)
+        if prefix_caching is None:
+            prefix_caching = bool(profile.prefix_caching.value)
     max_seqs = _whole("max-seqs", defaults["max_seqs"] if max_seqs is None else max_seqs, 1, 1_000_000)
     tokens = _whole("max-batched-tokens", defaults["max_batched_tokens"] if max_batched_tokens is None
                     else max_batched_tokens, 1, 10_000_000)
@@ -156,7 +164,8 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
     return EngineConfig(mode=mode, max_seqs=max_seqs, max_batched_tokens=tokens,
                         chunked_prefill=True if chunked_prefill is None else bool(chunked_prefill),
                         prefill_first=prefill_first,
-                        block_size=block_size, kv_capacity_tokens=capacity).check()
+                        block_size=block_size, kv_capacity_tokens=capacity,
+                        prefix_caching=bool(prefix_caching)).check()
 
 
 def split_engine(engine: Any, scheduler: str | None = None) -> tuple[Any, str | None, bool]:
@@ -169,6 +178,34 @@ def split_engine(engine: Any, scheduler: str | None = None) -> tuple[Any, str | 
             raise SpeedlimitError(f"--engine {engine} and --scheduler {scheduler} conflict: give the scheduler once")
         return None, engine.strip().lower(), False
     return engine, scheduler, True
+
+
+def _shared_prefixes(workload: Workload, prefix_tokens: Any, prefix_groups: Any,
+                     conversations: list[int | None] | None = None) -> Workload:
+    """What the prompts share, as bench sends them: with ``prefix_tokens``, each prompt grows by one of
+    ``prefix_groups`` texts of that length (prompt i gets text i mod groups, bench's `add_shared_prefix`); a dataset
+    conversation's turn has its whole prompt in common with the conversation's later turns (bench sends each turn
+    after the turns before it). A conversation is then its own group: its system prefix counts as shared only within
+    it."""
+    from speedlimit.bench.runner import MAX_TOKENS
+
+    prefix_tokens = _whole("prefix-tokens", prefix_tokens, 0, MAX_TOKENS)
+    prefix_groups = _whole("prefix-groups", prefix_groups, 1, MAX_REQUESTS)
+    if prefix_groups > 1 and not prefix_tokens:
+        raise SpeedlimitError(f"--prefix-groups {prefix_groups} needs --prefix-tokens: the length of each group's prefix")
+    chats = conversations is not None and any(c is not None for c in conversations)
+    if not prefix_tokens and not chats:
+        return workload
+    prompts = [p + prefix_tokens for p in workload.prompts]
+    group = [i % prefix_groups if prefix_tokens else -1 for i in range(len(prompts))]
+    shared = [prefix_tokens] * len(prompts)
+    for i, conversation in enumerate(conversations or ()):
+        if conversation is not None:
+            group[i], shared[i] = prefix_groups + conversation, prompts[i]
+    workload.prompts, workload.prefix_group, workload.shared_tokens = prompts, group, shared
+    if prefix_tokens and workload.describe is not None:
+        workload.describe.update(prefix_tokens=prefix_tokens, prefix_groups=prefix_groups)
+    return workload
 
 
 def _trace_workload(path: Path, time_scale: float, requests: int | None, duration_s: float | None,
@@ -196,13 +233,16 @@ def _trace_workload(path: Path, time_scale: float, requests: int | None, duratio
 def build_workload(*, concurrency: int | None = None, rate: float | None = None, burstiness: float = 1.0,
                    requests: int | None = None, duration_s: float | None = None, prompt_tokens: Any = 128,
                    output_tokens: Any = 64, dataset: Path | str | None = None, seed: int = 0,
-                   trace: Path | str | None = None, time_scale: float = 1.0) -> Workload:
+                   trace: Path | str | None = None, time_scale: float = 1.0, prefix_tokens: int = 0,
+                   prefix_groups: int = 1) -> Workload:
     """Bench's workload for these options, draw for draw (same seed → same lengths and arrival times as bench).
-    ``trace``: bench's --trace, every request at its recorded time and with its recorded lengths."""
+    ``trace``: bench's --trace, every request at its recorded time and with its recorded lengths. ``prefix_tokens``,
+    ``prefix_groups``: bench's shared prefixes (`_shared_prefixes`)."""
     from speedlimit.bench.runner import LoadPlan  # validates the load options exactly as bench does
 
     if trace is not None:
-        return _trace_workload(Path(trace), time_scale, requests, duration_s, dataset, concurrency, rate, seed)
+        return _shared_prefixes(_trace_workload(Path(trace), time_scale, requests, duration_s, dataset, concurrency,
+                                                rate, seed), prefix_tokens, prefix_groups)
     if concurrency is None and rate is None:
         concurrency = 1
     if concurrency is not None:
@@ -227,14 +267,16 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
     pool = plan.pool_size(prompt_spec.mean)  # bench's prompt pool; requests past it reuse the lengths in turn
     rng = np.random.default_rng([seed, 0])
     default_output = _length_spec(output_tokens, "output-tokens")
+    conversations: list[int | None] | None = None
     if dataset is not None:
         rows = load_dataset(Path(dataset))
         order = _dataset_order(rows, rng)  # bench's order: shuffled, a conversation's turns kept together
-        prompts, outputs = [], []
+        prompts, outputs, conversations = [], [], []
         fallback = default_output.sample(pool, np.random.default_rng([seed, 3]))
         for i in range(pool):
             row = rows[int(order[i % len(rows)])]
             prompts.append(max(1, _dataset_prompt_tokens(row)))
+            conversations.append(row.get("_conversation"))
             given = row.get("output_tokens") or row.get("max_tokens")
             outputs.append(_whole("output-tokens", given, 1, 10_000_000) if given is not None else fallback[i])
         prompt_text = f"dataset {dataset}"
@@ -250,11 +292,12 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
         if not math.isfinite(last) or last > MAX_SIMULATED_S:
             raise SpeedlimitError(f"--rate {plan.rate:g} spreads {n_requests:,} requests over {last:.3g} s of simulated "
                                   f"time (at most {MAX_SIMULATED_S:.0e} s): raise the rate or send fewer requests")
-    return Workload(prompts=prompts, outputs=outputs, concurrency=plan.concurrency, rate=plan.rate,
-                    burstiness=plan.burstiness, requests=plan.requests, duration_s=plan.duration_s,
-                    arrivals=arrivals, seed=seed,
-                    describe={"prompt_tokens": prompt_text, "output_tokens": str(output_tokens),
-                              "dataset": str(dataset) if dataset else None, "seed": seed})
+    workload = Workload(prompts=prompts, outputs=outputs, concurrency=plan.concurrency, rate=plan.rate,
+                        burstiness=plan.burstiness, requests=plan.requests, duration_s=plan.duration_s,
+                        arrivals=arrivals, seed=seed,
+                        describe={"prompt_tokens": prompt_text, "output_tokens": str(output_tokens),
+                                  "dataset": str(dataset) if dataset else None, "seed": seed})
+    return _shared_prefixes(workload, prefix_tokens, prefix_groups, conversations)
 
 
 def _dataset_prompt_tokens(row: dict[str, Any]) -> int:
@@ -279,7 +322,8 @@ def run_workload(step: StepModel, engine: EngineConfig, workload: Workload, slo:
     gc.disable()  # the run allocates ~1e5-1e6 containers that all live to the end: no cycles for the GC to find
     try:
         raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, arrivals=workload.arrivals,
-                  concurrency=workload.concurrency, requests=workload.requests, duration_s=workload.duration_s)
+                  concurrency=workload.concurrency, requests=workload.requests, duration_s=workload.duration_s,
+                  prefix_group=workload.prefix_group, shared_tokens=workload.shared_tokens)
         records = build_records(raw)
     finally:
         if collecting:
@@ -345,7 +389,8 @@ def saturation_point(step: StepModel, engine: EngineConfig, workload: Workload,
     slots = engine.slots
     low, high = SATURATION_REQUESTS
     n = int(min(high, max(low, 6 * slots))) if requests is None else _whole("requests", requests, 1, MAX_REQUESTS)
-    raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, concurrency=slots, requests=n)
+    raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, concurrency=slots, requests=n,
+              prefix_group=workload.prefix_group, shared_tokens=workload.shared_tokens)
     ends = sorted(raw.end_times[s] for s in raw.last_step)
     a, b = int(0.2 * len(ends)), int(0.8 * len(ends)) - 1
     if b <= a or ends[b] <= ends[a]:
@@ -412,6 +457,10 @@ def _simulation_block(raw: RawRun, engine: EngineConfig, workload: Workload, sat
                                                   for i in range(n)])) if n else None},
         "preemptions": int(sum(raw.preemptions)),
         "preempted_requests": len(raw.segments),
+        # bench's server-metrics name: prompt tokens found cached / prompt tokens asked for (a readmission after
+        # preemption asks again); None when the engine caches no prefixes
+        "prefix_cache_hit_rate": (raw.prefix_hit_tokens / raw.prefix_query_tokens if raw.prefix_query_tokens else 0.0)
+        if engine.prefix_caching else None,
         "saturated": False,
         "timeline": {
             "t_s": _series(ends, idx, 6), "batch": _series(batch, idx), "tokens": _series(tokens, idx),
@@ -435,6 +484,7 @@ def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> 
         "model": step.arch.name, "hardware": step.device.name, "weights": step.weights_name, "kv": step.kv_name,
         "tp": step.tp, "engine": step.engine.key if step.engine is not None else None, "mode": engine.mode, "max_seqs": engine.slots, "max_batched_tokens": engine.max_batched_tokens,
         "chunked_prefill": engine.chunked_prefill, "prefill_first": engine.prefill_first,
+        "prefix_caching": engine.prefix_caching,
         "block_size": engine.block_size,
         "kv_capacity_tokens": engine.kv_capacity_tokens if math.isfinite(engine.kv_capacity_tokens) else None,
         "bw_efficiency": step.efficiency.bw_efficiency, "flops_efficiency": step.efficiency.flops_efficiency,
@@ -473,13 +523,15 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None
              output_tokens: Any = 64, dataset: Path | str | None = None, seed: int = 0,
              trace: Path | str | None = None, time_scale: float = 1.0, engine: str | None = None, scheduler: str | None = None, max_seqs: int | None = None,
              max_batched_tokens: int | None = None, chunked_prefill: bool | None = None, block_size: int = 16,
-             kv_tokens: int | None = None, slo: str | dict[str, float] | None = None) -> Simulation:
+             kv_tokens: int | None = None, slo: str | dict[str, float] | None = None, prefix_tokens: int = 0,
+             prefix_groups: int = 1, prefix_caching: bool | None = None) -> Simulation:
     """Predict a serving engine under load, in bench's terms: records and a `RunSummary` (``source="simulate"``).
 
     Model/hardware/precision/parallelism (tp, pp, ep; not dp: one engine) as `estimate`; load and workload as `speedlimit bench` (closed loop with
     ``concurrency`` or open loop with ``rate``; ``requests`` or ``duration_s``; bench's length distributions or a
-    dataset; ``seed``); the serving ``engine`` (a catalog/engines.toml profile: its step costs and scheduler
-    defaults) and the scheduler's knobs, which override the profile's; ``slo`` for goodput ("ttft=500ms,tpot=50ms").
+    dataset; ``seed``; ``prefix_tokens`` shared by every prompt, one text per ``prefix_groups``); the serving
+    ``engine`` (a catalog/engines.toml profile: its step costs and scheduler defaults) and the scheduler's knobs
+    (``prefix_caching`` too), which override the profile's; ``slo`` for goodput ("ttft=500ms,tpot=50ms").
     """
     engine, scheduler, use_profile = split_engine(engine, scheduler)
     step = resolve(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, pp=pp, ep=ep, dp=dp, ideal=ideal,
@@ -488,10 +540,11 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None
                    sequence_overhead_s=sequence_overhead_s, engine=engine)
     config = engine_config(scheduler, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
                            chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step,
-                           use_profile=use_profile)
+                           use_profile=use_profile, prefix_caching=prefix_caching)
     workload = build_workload(concurrency=concurrency, rate=rate, burstiness=burstiness, requests=requests,
                               duration_s=duration_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                              dataset=dataset, seed=seed, trace=trace, time_scale=time_scale)
+                              dataset=dataset, seed=seed, trace=trace, time_scale=time_scale,
+                              prefix_tokens=prefix_tokens, prefix_groups=prefix_groups)
     return run_workload(step, config, workload, _slo(slo))
 
 

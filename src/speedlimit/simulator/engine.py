@@ -16,7 +16,18 @@ The engine (vLLM-v1-like, and llama.cpp's server with ``--parallel N``):
   blocks; when a running sequence needs a block and none is free, the most recently admitted sequence is preempted
   (its blocks freed, it goes back to the head of the queue and later recomputes its prompt plus the tokens it had
   generated, emitting its next token when that recompute ends);
-- ``serial``: one request at a time (llama-cpp-python's server): the same loop with one slot.
+- ``serial``: one request at a time (llama-cpp-python's server): the same loop with one slot;
+- ``prefix_caching`` (with a workload that says which prompts share leading tokens): a prefix cache of whole KV blocks,
+  vLLM V1's and SGLang's. A request belongs to a *prefix group* whose members agree on their first ``shared`` tokens
+  (a system prompt, a conversation's history); the group's blocks 0 … k−1 are a contiguous chain. An admitted request
+  takes references on the group's cached leading blocks (at most ``prompt − 1`` tokens: the last one is always
+  computed, for its logits), so its prefill starts after them and they count once in KV use however many requests
+  hold them; the blocks it computes of the shared part join the chain when they are scheduled (vLLM V1 caches them
+  at allocation, so a request admitted in the same step already hits them). A block nobody holds stays cached but
+  counts as free; the free blocks form one least-recently-freed queue (anonymous blocks and cached ones alike) and an
+  allocation takes from its head, evicting what a cached block held, the chain's deepest blocks first (vLLM V1
+  evicts from the free queue's head, a request's blocks freed tail first; SGLang evicts LRU leaves of its radix
+  tree). The queue holds runs of blocks, not blocks, so this too is O(1) per event, amortized.
 
 A sequence with ``L`` tokens cached that decodes attends to ``L + 1`` keys (its new token too) and writes one KV entry,
 so a reply of ``o`` tokens after a ``p``-token prompt decodes at contexts p+1 … p+o−1, exactly what `estimate`'s mean
@@ -57,6 +68,7 @@ class EngineConfig:
     prefill_first: bool = True  # without chunked prefill: decodes pause while whole prompts prefill
     block_size: int = 16
     kv_capacity_tokens: float = math.inf
+    prefix_caching: bool = False
 
     @property
     def slots(self) -> int:
@@ -108,6 +120,9 @@ class RawRun:
     kv_blocks: float
     decode_steps: list[int] = field(default_factory=list)  # the steps in which the decoders decoded, in order
     idle_s: float = 0.0  # time with nothing to run (open loop)
+    prefix_cached: list[int] = field(default_factory=list)  # per request: tokens its first admission found cached
+    prefix_hit_tokens: int = 0  # over every admission (a preempted request's readmission too): tokens found cached
+    prefix_query_tokens: int = 0  # … and tokens it asked for (its prompt, plus what it had generated)
     extra: dict = field(default_factory=dict)
 
     def emission_steps(self, rid: int) -> list[tuple[int, int]]:
@@ -134,13 +149,16 @@ def _blocks(tokens: int, block: int) -> int:
 
 def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, prompts: list[int], outputs: list[int], *,
         arrivals: list[float] | None = None, concurrency: int | None = None, requests: int | None = None,
-        duration_s: float | None = None) -> RawRun:
+        duration_s: float | None = None, prefix_group: list[int] | None = None,
+        shared_tokens: list[int] | None = None) -> RawRun:
     """Simulate the engine serving a workload; returns per-request and per-step facts (no summaries).
 
     Open loop: ``arrivals`` (seconds, non-decreasing), request i has ``prompts[i]``/``outputs[i]``; with
     ``duration_s`` only arrivals before it are sent. Closed loop: ``concurrency`` clients each send the next request
     (lengths cycling through ``prompts``/``outputs``) as soon as their previous one ends, ``requests`` in all, or
-    until ``duration_s`` (no request starts after it).
+    until ``duration_s`` (no request starts after it). ``prefix_group``/``shared_tokens`` (per entry of ``prompts``,
+    None: no sharing): the prefix group of each request (−1: none) and how many of its leading tokens every member of
+    the group has in common; with ``engine.prefix_caching`` they are cached and reused.
     """
     engine.check()
     block = engine.block_size
@@ -167,6 +185,11 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
             f"{max(prompts) + max(outputs) - 1:,} tokens exceeds --max-batched-tokens {budget_max:,}: raise it or "
             "use --chunked-prefill")
 
+    caching = engine.prefix_caching and prefix_group is not None and shared_tokens is not None
+    if caching and not (len(prefix_group) == len(shared_tokens) == pool):
+        raise SpeedlimitError("the workload's prefix groups do not match its prompts (one group and shared length each)")
+    evicting = caching and math.isfinite(total_blocks)
+
     closed = arrivals is None
     # per-request state (lists grow as requests are issued)
     R_prompt: list[int] = []
@@ -184,6 +207,25 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     R_seg: list[int] = []  # segment id: bumps at each preemption, so stale events are skipped
     R_emit0: list[int] = []  # first emitting step of the current segment
     segments: dict[int, list[tuple[int, int]]] = {}
+    R_group: list[int] = []  # prefix group (-1: none)
+    R_share: list[int] = []  # leading blocks it has in common with its group
+    R_gh: list[int] = []  # leading blocks it holds of its group's chain (the rest of its blocks are its own)
+    R_cached: list[int] = []  # tokens its first admission found cached
+    # prefix groups: the chain's cached blocks 0 … cached-1 (held by someone, or free and evictable), held: the longest
+    # any running member holds, holders: {blocks held: members}
+    g_cached: dict[int, int] = {}
+    g_held: dict[int, int] = {}
+    g_holders: dict[int, dict[int, int]] = {}
+    # the free blocks, least recently freed first: runs [group, lo, hi] (group -1: blocks holding nothing reusable;
+    # else the group's chain blocks lo … hi-1, evicted from hi down); g_runs: each group's live runs, oldest (deepest
+    # blocks) first
+    free_runs: deque[list] = deque([[-1, 0, int(total_blocks)]]) if evicting else deque()
+    g_runs: dict[int, deque[list]] = {}
+    hit_tokens = 0
+    query_tokens = 0
+    if caching:
+        for g in set(prefix_group):
+            g_cached[g], g_held[g], g_holders[g], g_runs[g] = 0, 0, {}, deque()
 
     def issue(at: float, index: int) -> int:
         rid = len(R_prompt)
@@ -201,6 +243,11 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         R_L0.append(0)
         R_seg.append(0)
         R_emit0.append(-1)
+        if caching:
+            R_group.append(prefix_group[index % pool])
+            R_share.append(shared_tokens[index % pool] // block)
+            R_gh.append(0)
+            R_cached.append(-1)
         return rid
 
     waiting: deque[int] = deque()
@@ -262,6 +309,96 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
                 n_below -= 1
         return cached
 
+    def take(n: int) -> None:
+        """``n`` blocks leave the free queue from its head; a cached chain block taken is evicted."""
+        while n > 0:
+            head = free_runs[0]
+            size = head[2] - head[1]
+            if size > n:
+                head[2] -= n
+                if head[0] >= 0:
+                    g_cached[head[0]] -= n
+                return
+            free_runs.popleft()
+            if size > 0 and head[0] >= 0:  # a run emptied by a hit was already dropped from g_runs
+                g_cached[head[0]] -= size
+                g_runs[head[0]].popleft()
+            n -= size
+
+    def hit_blocks(rid: int) -> int:
+        """Leading blocks of the request found cached: never its last token, whose logits it needs."""
+        g = R_group[rid]
+        return 0 if g < 0 else min(g_cached[g], R_share[rid], (R_target[rid] - 1) // block)
+
+    def hold(rid: int, h: int) -> None:
+        """The request takes references on its group's blocks 0 … h-1 (all cached); those nobody held leave the free
+        queue (from its middle: the group's newest runs, its shallowest blocks)."""
+        nonlocal free_blocks
+        g = R_group[rid]
+        top = g_held[g]
+        if h > top:
+            free_blocks -= h - top
+            g_held[g] = h
+            if evicting:
+                runs = g_runs[g]
+                while runs and runs[-1][1] < h:
+                    if runs[-1][2] <= h:
+                        runs[-1][1] = runs[-1][2]
+                        runs.pop()
+                    else:
+                        runs[-1][1] = h
+                        break
+        holders = g_holders[g]
+        holders[h] = holders.get(h, 0) + 1
+        R_gh[rid] = h
+
+    def extend(rid: int, end: int) -> None:
+        """A chunk up to token ``end`` is scheduled: the shared blocks it fills join the group's chain when the
+        request is at its frontier (else they are its own copies, as an engine does not look again after admission)."""
+        g = R_group[rid]
+        held = R_gh[rid]
+        new = min(R_share[rid], end // block)
+        if new <= held or held != g_cached[g]:
+            return
+        holders = g_holders[g]
+        if held:
+            holders[held] -= 1
+            if not holders[held]:
+                del holders[held]
+        holders[new] = holders.get(new, 0) + 1
+        g_cached[g] = g_held[g] = R_gh[rid] = new
+
+    def release(rid: int, tokens: int) -> None:
+        """A request holding ``tokens`` in the cache leaves it: its own blocks are freed (tail first, as vLLM frees
+        them), then the chain blocks no one else holds, which stay cached until evicted."""
+        nonlocal free_blocks
+        held = R_gh[rid]
+        own = _blocks(tokens, block) - held
+        free_blocks += own
+        if evicting and own > 0:
+            if free_runs and free_runs[-1][0] < 0:
+                free_runs[-1][2] += own
+            else:
+                free_runs.append([-1, 0, own])
+        if not held:
+            return
+        g = R_group[rid]
+        R_gh[rid] = 0
+        holders = g_holders[g]
+        holders[held] -= 1
+        if holders[held]:
+            return
+        del holders[held]
+        top = g_held[g]
+        if held == top:
+            new = max(holders, default=0)
+            g_held[g] = new
+            free_blocks += top - new
+            if evicting:
+                freed = [g, new, top]
+                free_runs.append(freed)
+                g_runs[g].append(freed)
+
     def preempt(rid: int) -> None:
         nonlocal free_blocks
         if rid in decoding:  # it emitted at its segment's first step, then in every decode step since
@@ -275,7 +412,10 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
             cached = R_done[rid]
             del prefilling[rid]
         del running[rid]
-        free_blocks += _blocks(cached, block)
+        if caching:
+            release(rid, cached)
+        else:
+            free_blocks += _blocks(cached, block)
         R_seg[rid] += 1
         R_pre[rid] += 1
         R_done[rid] = 0
@@ -303,6 +443,9 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         if not chunked and prefill_first and waiting and len(running) < slots:
             head = waiting[0]
             need = _blocks(R_target[head], block)
+            if caching:
+                h = hit_blocks(head)
+                need += max(0, h - g_held[R_group[head]]) - h if h else 0
             prefill_only = free_blocks >= need  # prefill-first: decodes wait while a prompt can start
         n_dec = 0
         d = len(decode_steps)  # the decode clock: this step is decode step d if the decoders decode in it
@@ -314,6 +457,8 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
                     need -= 1
                 preempt(victim)
             free_blocks -= need
+            if evicting:
+                take(need)
             n_dec = len(decoding)
             budget -= n_dec
         # --- prefill chunks: running sequences first, then new ones from the queue ----------------------------
@@ -342,18 +487,37 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
                         continue
                     need = _blocks(done + n, block) - _blocks(done, block)
                 free_blocks -= need
+                if evicting:
+                    take(need)
+                if caching and R_group[rid] >= 0:
+                    extend(rid, done + n)
                 chunks.append((rid, n))
                 budget -= n
             while waiting and budget > 0 and len(running) < slots:
                 rid = waiting[0]
-                n = R_target[rid] if not chunked else min(R_target[rid], budget)
+                h = hit_blocks(rid) if caching else 0
+                start = h * block  # the prefill starts after the cached blocks
+                n = R_target[rid] - start if not chunked else min(R_target[rid] - start, budget)
                 if n > budget:
                     break
-                need = _blocks(n, block)
-                if need > free_blocks:
+                need = _blocks(start + n, block) - h
+                reuse = max(0, h - g_held[R_group[rid]]) if h else 0  # cached blocks nobody holds: free until taken
+                if need + reuse > free_blocks:
                     break
                 waiting.popleft()
+                if caching:
+                    if h:
+                        hold(rid, h)
+                    R_done[rid] = start
+                    hit_tokens += start
+                    query_tokens += R_target[rid]
+                    if R_cached[rid] < 0:
+                        R_cached[rid] = start
                 free_blocks -= need
+                if evicting:
+                    take(need)
+                if caching and R_group[rid] >= 0:
+                    extend(rid, start + n)
                 running[rid] = None
                 prefilling[rid] = None
                 if R_sched[rid] < 0:
@@ -402,7 +566,10 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
                 if R_seg[rid] != seg or rid not in decoding:
                     continue
                 cached = drop_decoder(rid, d + 1)
-                free_blocks += _blocks(cached, block)
+                if caching:
+                    release(rid, cached)
+                else:
+                    free_blocks += _blocks(cached, block)
                 del running[rid]
                 R_gen[rid] = R_output[rid]
                 R_last[rid] = s
@@ -421,7 +588,10 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
             R_last[rid] = s
             if R_gen[rid] >= R_output[rid]:
                 del running[rid]
-                free_blocks += _blocks(R_done[rid], block)
+                if caching:
+                    release(rid, R_done[rid])
+                else:
+                    free_blocks += _blocks(R_done[rid], block)
                 completed += 1
                 if closed and issued < limit and (duration_s is None or now < duration_s):
                     waiting.append(issue(now, issued))
@@ -451,4 +621,5 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     return RawRun(n=n, prompt=R_prompt, output=R_output, arrival=R_arrival, scheduled=R_sched, first_step=R_first,
                   last_step=R_last, preemptions=R_pre, segments=segments, end_times=end_times, step_s=step_s_list, step_batch=step_batch,
                   step_tokens=step_tokens, step_prefill=step_prefill, step_waiting=step_waiting, step_in_system=step_in_system,
-                  step_kv_blocks=step_kv, kv_blocks=total_blocks, decode_steps=decode_steps, idle_s=idle_s)
+                  step_kv_blocks=step_kv, kv_blocks=total_blocks, decode_steps=decode_steps, idle_s=idle_s,
+                  prefix_cached=R_cached, prefix_hit_tokens=hit_tokens, prefix_query_tokens=query_tokens)
