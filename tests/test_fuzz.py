@@ -300,7 +300,7 @@ def test_catalog_listings_any_flags(argv: list[str]) -> None:
 @FUZZ
 @given(flags=st.lists(st.tuples(st.sampled_from(["--prompt-tokens", "--output-tokens", "--concurrency", "--requests",
                                                  "--warmup", "--sweep", "--slo", "--api", "--extra-body", "--seed",
-                                                 "--knee-fraction", "--model"]),
+                                                 "--knee-fraction", "--model", "--prefix-tokens", "--prefix-groups"]),
                                 st.one_of(NUMBERS, TEXT, st.sampled_from(["concurrency=1,2", "rate=0", "ttft=5", "{}", "[]",
                                                                           "uniform:1:0", "normal:5:-1", "chat"]))),
                       max_size=4))
@@ -580,6 +580,8 @@ BENCH_REPROS = [
     pytest.param(["--timeout", "nan"], id="timeout-nan"),
     pytest.param(["--requests", "1000000000000"], id="requests-1e12"),
     pytest.param(["--prompt-tokens", "100000000"], id="prompt-tokens-1e8"),
+    pytest.param(["--prefix-groups", "1000000000", "--prefix-tokens", "8"], id="prefix-groups-1e9"),
+    pytest.param(["--prefix-groups", "3"], id="prefix-groups-without-prefix-tokens"),
 ]
 
 
@@ -609,9 +611,11 @@ SIMULATE_VALUES = st.one_of(
                                                  "--requests", "--duration", "--sweep", "--slo", "--seed", "--engine",
                                                  "--max-seqs", "--max-batched-tokens", "--block-size", "--kv-tokens",
                                                  "--burstiness", "--knee-fraction", "--sequence-overhead",
-                                                 "--threads", "--numa", "--tp", "--pp", "--dp", "--ep"]),
+                                                 "--threads", "--numa", "--tp", "--pp", "--dp", "--ep", "--prefix-tokens",
+                                                 "--prefix-groups"]),
                                 SIMULATE_VALUES), max_size=4),
-       switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--chunked-prefill"]), max_size=2),
+       switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--chunked-prefill", "--prefix-caching",
+                                          "--no-prefix-caching"]), max_size=2),
        hardware=st.sampled_from(["h100-sxm", "amd-epyc-9654-2p"]))
 def test_simulate_any_flags(flags: list[tuple[str, str]], switches: list[str], hardware: str) -> None:
     argv = ["simulate", "-m", "llama-3.1-8b", "-H", hardware, *[a for pair in flags for a in pair], *switches]
@@ -665,7 +669,8 @@ def faulty() -> FaultyOpenAIServer:
 
 
 @FUZZ
-@given(lines=DATASET_LINES, flags=st.lists(st.tuples(st.sampled_from(["--sweep", "--slo", "--output-tokens", "--concurrency"]),
+@given(lines=DATASET_LINES, flags=st.lists(st.tuples(st.sampled_from(["--sweep", "--slo", "--output-tokens", "--concurrency",
+                                                                      "--prefix-tokens", "--prefix-groups"]),
                                                      SIMULATE_VALUES), max_size=2))
 def test_simulate_any_dataset(isolated: Path, lines: list[str], flags: list[tuple[str, str]]) -> None:
     dataset = write_lines(isolated / "prompts.jsonl", lines)
@@ -683,7 +688,8 @@ def test_simulate_trace_with_a_bad_row(isolated: Path) -> None:
 @given(mode=st.sampled_from(FAULT_MODES),
        flags=st.lists(st.tuples(st.sampled_from(["--prompt-tokens", "--output-tokens", "--concurrency", "--rate",
                                                  "--burstiness", "--warmup", "--sweep", "--slo", "--api", "--model",
-                                                 "--extra-body", "--seed", "--prefix-tokens", "--knee-fraction"]),
+                                                 "--extra-body", "--seed", "--prefix-tokens", "--prefix-groups",
+                                                 "--knee-fraction"]),
                                 st.one_of(st.integers(-2, 8).map(str), TEXT,
                                           st.sampled_from(["nan", "inf", "0", "1e308", "concurrency=1,2", "rate=0",
                                                            "rate=5,inf", "ttft=5ms", "itl=1ms,tpot=0", "chat",

@@ -20,14 +20,21 @@ The engine (vLLM-v1-like, and llama.cpp's server with ``--parallel N``):
 - ``prefix_caching`` (with a workload that says which prompts share leading tokens): a prefix cache of whole KV blocks,
   vLLM V1's and SGLang's. A request belongs to a *prefix group* whose members agree on their first ``shared`` tokens
   (a system prompt, a conversation's history); the group's blocks 0 … k−1 are a contiguous chain. An admitted request
-  takes references on the group's cached leading blocks (at most ``prompt − 1`` tokens: the last one is always
-  computed, for its logits), so its prefill starts after them and they count once in KV use however many requests
-  hold them; the blocks it computes of the shared part join the chain when they are scheduled (vLLM V1 caches them
-  at allocation, so a request admitted in the same step already hits them). A block nobody holds stays cached but
-  counts as free; the free blocks form one least-recently-freed queue (anonymous blocks and cached ones alike) and an
-  allocation takes from its head, evicting what a cached block held, the chain's deepest blocks first (vLLM V1
-  evicts from the free queue's head, a request's blocks freed tail first; SGLang evicts LRU leaves of its radix
-  tree). The queue holds runs of blocks, not blocks, so this too is O(1) per event, amortized.
+  takes references on the group's cached leading blocks, at most ``prompt − 1`` tokens (the last one is always
+  computed, for its logits: vLLM's kv_cache_manager.py get_computed_blocks caps the hit at num_tokens − 1, SGLang's
+  schedule_batch.py at input_len − 1), so its prefill starts after them, priced as `estimate`'s cached prefill, and
+  they count once in KV use however many requests hold them. The shared blocks a request computes join the chain
+  when they are scheduled (vLLM V1's allocate_slots caches the blocks of the tokens it schedules, so a request
+  admitted later in the same step already hits them); a request that is not at the chain's end keeps its own copies,
+  as an engine does not look again after admission. A block nobody holds stays cached but counts as free; the free
+  blocks form one queue, least recently freed first (cached and anonymous alike), and an allocation takes from its
+  head, evicting what a cached block held. A request frees its own blocks before its shared ones, so a chain is
+  evicted from its deepest block up (https://docs.vllm.ai/en/latest/design/prefix_caching/: the free queue's head
+  is evicted first and a finished request's blocks are freed tail first; SGLang's radix_cache.py evicts least
+  recently used leaves). The queue holds runs of blocks, so the cache too costs O(1) per event, amortized. Not
+  modelled: a preempted request's own blocks are not found again when it is readmitted (vLLM V1 would hit those
+  still cached), and llama-server's cache_prompt, which reuses a slot's previous prompt, is priced as this shared
+  cache.
 
 A sequence with ``L`` tokens cached that decodes attends to ``L + 1`` keys (its new token too) and writes one KV entry,
 so a reply of ``o`` tokens after a ``p``-token prompt decodes at contexts p+1 … p+o−1, exactly what `estimate`'s mean
