@@ -52,7 +52,8 @@ def simulation_table(summary: RunSummary) -> Table:
         ("preemptions", f"{sim.get('preemptions', 0):,} ({sim.get('preempted_requests', 0):,} requests recomputed)"),
     ]
     if sim.get("prefix_cache_hit_rate") is not None:
-        rows.append(("prefix cache", f"{sim['prefix_cache_hit_rate']:.0%} of prompt tokens found cached"))
+        rows.append(("prefix-cache hits", f"{sim['prefix_cache_hit_rate']:.1%} of prompt tokens (bench's server "
+                                          "metric)"))
     records_split = sim.get("time_split")
     if records_split:
         rows.append(("time split (mean)", f"queue {_ms(records_split['queue_s'])} ms, prefill "
