@@ -147,7 +147,7 @@ def test_every_request_completes_and_hits_stay_within_the_prompt(data, block, ch
     groups = data.draw(st.lists(st.integers(-1, 2), min_size=n, max_size=n))
     shared = [data.draw(st.integers(0, p)) for p in prompts]
     engine = EngineConfig(max_seqs=data.draw(st.integers(1, 6)), max_batched_tokens=data.draw(st.sampled_from([512, 2048])),
-                          chunked_prefill=chunked, block_size=block,
+                          chunked_prefill=chunked, prefill_first=data.draw(st.booleans()), block_size=block,
                           kv_capacity_tokens=float("inf") if capacity is None else capacity, prefix_caching=True)
     requests = data.draw(st.integers(1, 30))
     try:
