@@ -25,6 +25,23 @@ def test_replaying_a_simulated_run_predicts_it_exactly(load):
     assert block.inputs["requests"] == 60
 
 
+@pytest.mark.parametrize("load", [{"concurrency": 6}, {"rate": 20.0}])
+def test_replaying_a_run_with_shared_prefixes_caches_them_as_the_run_did(load):
+    engine = "continuous,max_seqs=4,max_batched_tokens=1024,kv_tokens=3000,prefix_caching=1"
+    run = simulate("llama-3.1-8b", "l40s", requests=40, prompt_tokens="uniform:50:300", output_tokens=16, seed=2,
+                   engine="continuous", max_seqs=4, max_batched_tokens=1024, kv_tokens=3000, prefix_tokens=400,
+                   prefix_groups=3, prefix_caching=True, **load)
+    assert run.summary.simulation["prefix_cache_hit_rate"] > 0.5
+    block = replay_for(run.summary, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b",
+                       engine=engine)
+    for label, row in block.comparison.items():
+        assert row.ratio == pytest.approx(1.0, rel=1e-6), label
+    assert block.predicted["simulation"]["prefix_cache_hit_rate"] == run.summary.simulation["prefix_cache_hit_rate"]
+    uncached = replay_for(run.summary, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b",
+                          engine=engine.removesuffix(",prefix_caching=1"))
+    assert uncached.comparison["ttft_s.mean"].ratio < 1  # without the cache the replay predicts slower first tokens
+
+
 def test_replay_uses_each_requests_lengths_and_the_measured_send_times():
     run = simulate("llama-3.1-8b", "h100-sxm", rate=2.0, requests=20, prompt_tokens="uniform:10:99", seed=1)
     records = list(reversed(run.records))  # completion order differs from send order
@@ -40,6 +57,7 @@ def test_engine_spec():
     assert parse_engine_spec("serial") == {"mode": "serial"}
     assert parse_engine_spec("continuous,max_seqs=8,kv_tokens=8192,chunked_prefill=0") == {
         "mode": "continuous", "max_seqs": 8, "kv_tokens": 8192, "chunked_prefill": False}
+    assert parse_engine_spec("continuous,prefix_caching=on")["prefix_caching"] is True
     for bad in ("warp", "continuous,max_seqs", "continuous,colour=3", "continuous,max_seqs=x"):
         with pytest.raises(SpeedlimitError):
             parse_engine_spec(bad)

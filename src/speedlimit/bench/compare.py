@@ -73,7 +73,11 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     from speedlimit.simulator import replay
 
     architecture = _architecture(served_model, estimate_model)
-    simulated = replay(records, summary.offered_load, architecture, hardware, engine, summary.slo).summary
+    # the shared prefixes it sent (bench's endpoint block; a simulated run's engine block)
+    sent = ((summary.endpoint or {}).get("workload") or (summary.engine or {}).get("workload") or {})
+    simulated = replay(records, summary.offered_load, architecture, hardware, engine, summary.slo,
+                       prefix_tokens=int(sent.get("prefix_tokens") or 0),
+                       prefix_groups=int(sent.get("prefix_groups") or 1)).summary
     measured, predicted = replay_figures(summary), replay_figures(simulated)
     rows = {}
     for label, value in measured.items():

@@ -100,7 +100,8 @@ def bench_command(
                                                       "--compare-estimate."),
     replay_engine: str = typer.Option("continuous", help="Engine the replay simulates: continuous or serial, then "
                                                          "key=value (max_seqs, max_batched_tokens, kv_tokens, "
-                                                         "chunked_prefill, step_overhead, sequence_overhead)."),
+                                                         "chunked_prefill, prefix_caching, step_overhead, "
+                                                         "sequence_overhead)."),
     estimate_model: Optional[str] = typer.Option(None, help="Catalog name or config.json/.gguf path for the "
                                                             "estimate (default: the served model name)."),
     workers: Optional[int] = typer.Option(None, help="Processes sending the load (default 1): concurrency slots or "

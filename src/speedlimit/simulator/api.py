@@ -64,6 +64,7 @@ class Workload:
     # shares anything)
     prefix_group: list[int] | None = None
     shared_tokens: list[int] | None = None
+    indices: list[int] | None = None  # a replay: each prompt's request index in the measured run
 
     def load_info(self) -> LoadInfo:
         return LoadInfo(concurrency=self.concurrency, rate=self.rate, burstiness=self.burstiness,
@@ -580,6 +581,7 @@ def sweep(step: StepModel, engine: EngineConfig, parameter: str, values: Sequenc
 
 ENGINE_SPEC_KEYS = {"max_seqs": int, "max_batched_tokens": int, "kv_tokens": int, "block_size": int,
                     "chunked_prefill": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
+                    "prefix_caching": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
                     "step_overhead": float, "sequence_overhead": float}
 
 
@@ -604,9 +606,21 @@ def parse_engine_spec(text: str | None) -> dict[str, Any]:
     return options
 
 
-def replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None) -> Workload:
+def replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None, prefix_tokens: int = 0,
+                    prefix_groups: int = 1) -> Workload:
     """The workload a measured run sent: each completed request's prompt and output tokens, and the same load
-    (closed loop: its concurrency, requests issued in the same order; open loop: the measured send times)."""
+    (closed loop: its concurrency, requests issued in the same order; open loop: the measured send times).
+    ``prefix_tokens``/``prefix_groups``: the run's --prefix-tokens/--prefix-groups, request i starting with prefix
+    i mod groups (exact while requests did not cycle through bench's prompt pool)."""
+    workload = _replay_workload(records, load)
+    if prefix_tokens:
+        groups = _whole("prefix-groups", prefix_groups, 1, MAX_REQUESTS)
+        workload.prefix_group = [index % groups for index in workload.indices]
+        workload.shared_tokens = [min(prefix_tokens, prompt) for prompt in workload.prompts]
+    return workload
+
+
+def _replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None) -> Workload:
     done = [r for r in records if r.ok and r.output_tokens and r.prompt_tokens is not None]
     if not done:
         raise SpeedlimitError("the run has no completed request with known prompt and output tokens to replay")
@@ -614,21 +628,24 @@ def replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None) -> 
     if concurrency:
         done.sort(key=lambda r: r.index)
         return Workload(prompts=[max(1, r.prompt_tokens) for r in done], outputs=[r.output_tokens for r in done],
-                        concurrency=int(concurrency), requests=len(done),
+                        concurrency=int(concurrency), requests=len(done), indices=[r.index for r in done],
                         describe={"replay": "closed loop", "requests": len(done)})
     done.sort(key=lambda r: (r.start_ns, r.index))
     first = done[0].start_ns
     return Workload(prompts=[max(1, r.prompt_tokens) for r in done], outputs=[r.output_tokens for r in done],
                     rate=load.rate if load is not None else None, burstiness=load.burstiness if load else 1.0,
                     requests=len(done), arrivals=[(r.start_ns - first) / 1e9 for r in done],
+                    indices=[r.index for r in done],
                     describe={"replay": "open loop, measured send times", "requests": len(done)})
 
 
 def replay(records: Sequence[RequestRecord], load: LoadInfo | None, model: Any, hardware: Any,
-           engine: str | None = None, slo: dict[str, float] | None = None) -> Simulation:
-    """Simulate exactly the workload a bench run sent, on ``engine`` (a spec for `parse_engine_spec`)."""
+           engine: str | None = None, slo: dict[str, float] | None = None, prefix_tokens: int = 0,
+           prefix_groups: int = 1) -> Simulation:
+    """Simulate exactly the workload a bench run sent, on ``engine`` (a spec for `parse_engine_spec`), with the
+    run's shared prefixes (`replay_workload`)."""
     options = parse_engine_spec(engine)
     step = resolve(model, hardware, step_overhead_s=options.pop("step_overhead", None),
                    sequence_overhead_s=options.pop("sequence_overhead", None))
     config = engine_config(options.pop("mode"), step=step, use_profile=False, **options)
-    return run_workload(step, config, replay_workload(records, load), slo)
+    return run_workload(step, config, replay_workload(records, load, prefix_tokens, prefix_groups), slo)
