@@ -47,7 +47,9 @@ POINT_KEYS = {"ttft_p50_s": ("ttft_s", "p50"), "ttft_p99_s": ("ttft_s", "p99"), 
     {"load": "concurrency", "values": [1, 2], "hardware": "amd-epyc-9654-2p", "weights": "q4_k_m", "threads": 96,
      "numa": "distribute", "output": 32},
     {"load": "concurrency", "values": [1, 8], "model": "mixtral-8x7b", "tp": 2, "pp": 2, "ep": 2, "output": 64},
-], ids=["concurrency-slo", "rate", "serial", "cpu-numa", "pipeline-experts"])
+    {"load": "rate", "values": [5, 20], "engine": "vllm", "prefix_tokens": 1000},
+    {"load": "concurrency", "values": [2, 8], "engine": "vllm", "prefix_tokens": 1000, "prefix_caching": False},
+], ids=["concurrency-slo", "rate", "serial", "cpu-numa", "pipeline-experts", "prefix", "prefix-uncached"])
 def test_every_level_equals_the_command_line_it_prints(client, body):
     response = _post(client, **body)
     assert response.status_code == 200, response.text
@@ -61,6 +63,11 @@ def test_every_level_equals_the_command_line_it_prints(client, body):
     for key in ("knee_load", "saturation_output_tok_s", "slo_max_load"):
         assert web[key] == cli["sweep"][key]
     assert web["requests_per_level"] == cli["points"][0]["requests"]
+    for ours, theirs in zip(web["points"], cli["points"]):
+        assert ours["prefix_cache_hit_rate"] == theirs["simulation"]["prefix_cache_hit_rate"]
+    if body.get("prefix_tokens"):
+        cached = body.get("prefix_caching", True)
+        assert all(((p["prefix_cache_hit_rate"] or 0) > 0.5) == cached for p in web["points"])
 
 
 def test_default_concurrency_sweep_shows_knee_saturation_and_slo_max(client):
@@ -175,7 +182,8 @@ anything = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.
 
 @FUZZ
 @given(field=st.sampled_from(["load", "values", "requests", "seed", "engine", "scheduler", "max_seqs", "max_batched_tokens",
-                              "chunked_prefill", "slo", "prompt", "output", "tp", "pp", "dp", "ep", "kv", "weights"]),
+                              "chunked_prefill", "slo", "prompt", "output", "tp", "pp", "dp", "ep", "kv", "weights",
+                              "prefix_tokens", "prefix_caching"]),
        value=anything)
 def test_any_value_of_any_field_is_200_or_a_one_line_422(client, field, value):
     response = client.post("/api/simulate", json={**BASE, "output": 32, field: value})

@@ -6,8 +6,9 @@ Endpoints (OpenAPI docs at ``/docs``):
   ``speedlimit estimate --json`` prints).
 - ``POST /api/curve``: same body (plus optional ``batches``) -> the estimate, the batch curve with
   its knee and the roofline (`speedlimit.estimator.curves`); the page makes one such call per change.
-- ``POST /api/simulate``: same body plus the load (``load``, ``values``, ``requests``, ``seed``), the engine
-  (``engine``, ``max_seqs``, ``max_batched_tokens``, ``chunked_prefill``) and ``slo`` -> the serving view: a
+- ``POST /api/simulate``: same body plus the load (``load``, ``values``, ``requests``, ``seed``, a shared
+  ``prefix_tokens``), the engine (``engine``, ``max_seqs``, ``max_batched_tokens``, ``chunked_prefill``,
+  ``prefix_caching``) and ``slo`` -> the serving view: a
   simulated load sweep, bounded to about a second of work (`speedlimit.web.serving`).
 - ``GET /api/models``, ``GET /api/hardware``, ``GET /api/engines``: the catalogs.
 - ``GET /`` the page, ``/static/*`` its assets, ``/vendor/plotly.min.js`` the chart library served

@@ -69,6 +69,11 @@ class SimulateRequest(EstimateRequest):
                                            description="Token budget per step (default: the engine profile's).")
     chunked_prefill: bool | None = Field(None, description="Split prompts over steps within the token budget "
                                                            "(default: the engine profile's).")
+    prefix_tokens: int = Field(0, ge=0, le=2**20, description="A shared prefix (a system prompt) of this many tokens "
+                                                              "starts every prompt, added to prompt (bench's "
+                                                              "--prefix-tokens).")
+    prefix_caching: bool | None = Field(None, description="Reuse the cached KV blocks of the shared prefix (default: "
+                                                          "the engine profile's).")
     slo: str | None = Field(None, max_length=200, description="Goodput SLO as on the command line, e.g. "
                                                               "ttft=1s,tpot=50ms (keys ttft itl tpot e2e).")
 
@@ -194,6 +199,10 @@ def _command_line(body: Any, scenario: Any, parameter: str, values: list[float],
         argv += ["--max-batched-tokens", str(body.max_batched_tokens)]
     if body.chunked_prefill is not None:
         argv.append("--chunked-prefill" if body.chunked_prefill else "--no-chunked-prefill")
+    if body.prefix_tokens:
+        argv += ["--prefix-tokens", str(body.prefix_tokens)]
+    if body.prefix_caching is not None:
+        argv.append("--prefix-caching" if body.prefix_caching else "--no-prefix-caching")
     if body.slo:
         argv += ["--slo", body.slo]
     return shlex.join(argv)
@@ -211,15 +220,17 @@ def simulate_view(body: Any, scenario: Any) -> dict[str, Any]:
     slo = parse_slo(body.slo)
     step = resolve(scenario)
     engine = engine_config(body.scheduler, max_seqs=body.max_seqs, max_batched_tokens=body.max_batched_tokens,
-                           chunked_prefill=body.chunked_prefill, step=step)
+                           chunked_prefill=body.chunked_prefill, step=step, prefix_caching=body.prefix_caching)
     parameter = body.load
     prompt, output = int(scenario.prompt), int(scenario.output)
+    shared = int(body.prefix_tokens)
+    planned = prompt + shared  # the budget plans every prompt whole (a cache hit only makes a level cheaper)
     saturation = None
     sat_steps = 0.0
     if parameter == "rate":
-        sat_requests, sat_steps = _saturation_requests(prompt, output, engine)
+        sat_requests, sat_steps = _saturation_requests(planned, output, engine)
         probe = build_workload(concurrency=engine.slots, requests=sat_requests, prompt_tokens=prompt,
-                               output_tokens=output, seed=body.seed)
+                               output_tokens=output, seed=body.seed, prefix_tokens=shared)
         saturation = saturation_point(step, engine, probe, requests=sat_requests)
         values = body.values or _rate_levels(RATE_FRACTIONS, saturation["request_s"])
     else:
@@ -228,7 +239,7 @@ def simulate_view(body: Any, scenario: Any) -> dict[str, Any]:
             raise SpeedlimitError("concurrency levels must be whole numbers")
         if max(values) > 100_000:
             raise SpeedlimitError("concurrency levels must be at most 100,000")
-    plan = lambda levels: _plan_requests(levels, parameter, body.requests, prompt, output, engine,  # noqa: E731
+    plan = lambda levels: _plan_requests(levels, parameter, body.requests, planned, output, engine,  # noqa: E731
                                          saturation["request_s"] if saturation else None, sat_steps)
     left_out: list[float] = []
     if parameter == "rate" and body.values is None:
@@ -250,7 +261,8 @@ def simulate_view(body: Any, scenario: Any) -> dict[str, Any]:
     requests, planned_steps = plan(values)
     workloads: list[Workload] = [
         build_workload(**{parameter: int(v) if parameter == "concurrency" else v}, requests=requests,
-                       prompt_tokens=prompt, output_tokens=output, seed=body.seed) for v in values]
+                       prompt_tokens=prompt, output_tokens=output, seed=body.seed, prefix_tokens=shared)
+        for v in values]
     summary, runs = sweep(step, engine, parameter, values, workloads, slo, saturation=saturation)
     points = []
     steps = 0
@@ -268,6 +280,7 @@ def simulate_view(body: Any, scenario: Any) -> dict[str, Any]:
             "goodput_request_s": s.goodput_request_s if slo else None, "meets_slo": good,
             "batch_mean": sim.get("batch", {}).get("mean"), "queue_max": sim.get("queue", {}).get("max"),
             "kv_peak_fraction": sim.get("kv", {}).get("peak_fraction"), "saturated": bool(sim.get("saturated")),
+            "prefix_cache_hit_rate": sim.get("prefix_cache_hit_rate"),
         })
     info = summary.sweep
     notes = []
@@ -291,7 +304,7 @@ def simulate_view(body: Any, scenario: Any) -> dict[str, Any]:
                      f"{top['queue_max']:,}): more clients than it runs at once add latency, not throughput")
     return {
         "parameter": parameter, "values": values, "requests_per_level": requests,
-        "prompt": prompt, "output": output, "slo": slo, "points": points,
+        "prompt": prompt, "prefix_tokens": shared, "output": output, "slo": slo, "points": points,
         "knee_load": info.knee_load, "knee_output_tok_s": info.knee_output_tok_s, "knee_fraction": info.knee_fraction,
         "saturation_output_tok_s": info.saturation_output_tok_s, "saturation_load": info.saturation_load,
         "saturation_request_s": saturation["request_s"] if saturation else None,
