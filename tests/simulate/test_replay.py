@@ -36,7 +36,7 @@ def test_replaying_a_run_with_shared_prefixes_caches_them_as_the_run_did(load):
                        engine=engine)
     for label, row in block.comparison.items():
         assert row.ratio == pytest.approx(1.0, rel=1e-6), label
-    assert block.predicted["simulation"]["prefix_cache_hit_rate"] == run.summary.simulation["prefix_cache_hit_rate"]
+    assert block.comparison["prefix_cache_hit_rate"].measured == run.summary.simulation["prefix_cache_hit_rate"]
     uncached = replay_for(run.summary, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b",
                           engine=engine.removesuffix(",prefix_caching=1"))
     assert uncached.comparison["ttft_s.mean"].ratio < 1  # without the cache the replay predicts slower first tokens

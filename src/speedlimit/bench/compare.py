@@ -64,6 +64,11 @@ def replay_figures(summary: RunSummary) -> dict[str, float | None]:
             figures[f"{metric}.{stat}"] = getattr(getattr(summary, metric), stat)
     for rate in REPLAY_RATES:
         figures[rate] = getattr(summary, rate)
+    # the prefix cache's hit rate: what the server's /metrics counted, or what the simulated engine found cached
+    server = summary.server
+    hits = server.prefix_cache_hit_rate if server is not None else (summary.simulation or {}).get("prefix_cache_hit_rate")
+    if hits is not None:
+        figures["prefix_cache_hit_rate"] = hits
     return figures
 
 
