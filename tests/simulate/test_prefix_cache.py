@@ -87,7 +87,8 @@ def test_caching_off_or_nothing_shared_changes_no_number(load):
 def test_the_engine_profile_sets_prefix_caching_and_the_flag_overrides_it():
     assert engine_config(step=resolve("llama-3.1-8b", "h100-sxm", engine="vllm")).prefix_caching
     assert not engine_config(step=resolve("llama-3.1-8b", "h100-sxm", engine="llama-cpp-python")).prefix_caching
-    assert not engine_config(step=resolve("llama-3.1-8b", "h100-sxm", engine="vllm"), prefix_caching=False).prefix_caching
+    vllm = resolve("llama-3.1-8b", "h100-sxm", engine="vllm")
+    assert not engine_config(step=vllm, prefix_caching=False).prefix_caching
     assert not engine_config("continuous").prefix_caching  # a generic scheduler caches nothing unless asked
 
 
@@ -139,14 +140,15 @@ def test_a_conversations_later_turn_hits_its_earlier_turns_prompt(tmp_path):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), block=st.sampled_from([1, 4, 16]), chunked=st.booleans(), capacity=st.sampled_from([400, 1200, None]),
-       n=st.integers(1, 8))
+@given(data=st.data(), block=st.sampled_from([1, 4, 16]), chunked=st.booleans(),
+       capacity=st.sampled_from([400, 1200, None]), n=st.integers(1, 8))
 def test_every_request_completes_and_hits_stay_within_the_prompt(data, block, chunked, capacity, n):
     prompts = data.draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
     outputs = data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
     groups = data.draw(st.lists(st.integers(-1, 2), min_size=n, max_size=n))
     shared = [data.draw(st.integers(0, p)) for p in prompts]
-    engine = EngineConfig(max_seqs=data.draw(st.integers(1, 6)), max_batched_tokens=data.draw(st.sampled_from([512, 2048])),
+    engine = EngineConfig(max_seqs=data.draw(st.integers(1, 6)),
+                          max_batched_tokens=data.draw(st.sampled_from([512, 2048])),
                           chunked_prefill=chunked, prefill_first=data.draw(st.booleans()), block_size=block,
                           kv_capacity_tokens=float("inf") if capacity is None else capacity, prefix_caching=True)
     requests = data.draw(st.integers(1, 30))

@@ -65,8 +65,8 @@ def replay_figures(summary: RunSummary) -> dict[str, float | None]:
     for rate in REPLAY_RATES:
         figures[rate] = getattr(summary, rate)
     # the prefix cache's hit rate: what the server's /metrics counted, or what the simulated engine found cached
-    server = summary.server
-    hits = server.prefix_cache_hit_rate if server is not None else (summary.simulation or {}).get("prefix_cache_hit_rate")
+    simulated = (summary.simulation or {}).get("prefix_cache_hit_rate")
+    hits = summary.server.prefix_cache_hit_rate if summary.server is not None else simulated
     if hits is not None:
         figures["prefix_cache_hit_rate"] = hits
     return figures

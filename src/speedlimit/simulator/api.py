@@ -193,7 +193,8 @@ def _shared_prefixes(workload: Workload, prefix_tokens: Any, prefix_groups: Any,
     prefix_tokens = _whole("prefix-tokens", prefix_tokens, 0, MAX_TOKENS)
     prefix_groups = _whole("prefix-groups", prefix_groups, 1, MAX_REQUESTS)
     if prefix_groups > 1 and not prefix_tokens:
-        raise SpeedlimitError(f"--prefix-groups {prefix_groups} needs --prefix-tokens: the length of each group's prefix")
+        raise SpeedlimitError(f"--prefix-groups {prefix_groups} needs --prefix-tokens: the length of each group's "
+                              "prefix")
     chats = conversations is not None and any(c is not None for c in conversations)
     if not prefix_tokens and not chats:
         return workload

@@ -194,7 +194,8 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
 
     caching = engine.prefix_caching and prefix_group is not None and shared_tokens is not None
     if caching and not (len(prefix_group) == len(shared_tokens) == pool):
-        raise SpeedlimitError("the workload's prefix groups do not match its prompts (one group and shared length each)")
+        raise SpeedlimitError("the workload's prefix groups do not match its prompts (one group and shared length "
+                              "each)")
     evicting = caching and math.isfinite(total_blocks)
 
     closed = arrivals is None
@@ -218,8 +219,8 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     R_share: list[int] = []  # leading blocks it has in common with its group
     R_gh: list[int] = []  # leading blocks it holds of its group's chain (the rest of its blocks are its own)
     R_cached: list[int] = []  # tokens its first admission found cached
-    # prefix groups: the chain's cached blocks 0 … cached-1 (held by someone, or free and evictable), held: the longest
-    # any running member holds, holders: {blocks held: members}
+    # prefix groups: the chain's cached blocks 0 … cached-1 (held by someone, or free and evictable), held: the
+    # longest any running member holds, holders: {blocks held: members}
     g_cached: dict[int, int] = {}
     g_held: dict[int, int] = {}
     g_holders: dict[int, dict[int, int]] = {}
