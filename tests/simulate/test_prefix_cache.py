@@ -122,6 +122,8 @@ def test_workload_prefix_groups_and_conversations(tmp_path):
     turns = [i for i, g in enumerate(workload.prefix_group) if g >= 0]
     assert len(turns) == 2 and workload.prefix_group[turns[0]] == workload.prefix_group[turns[1]]
     assert [workload.shared_tokens[i] for i in turns] == [workload.prompts[i] for i in turns] == [3, 9]
+    prefixed = build_workload(concurrency=1, requests=3, dataset=path, prefix_tokens=8, prefix_groups=2)
+    assert prefixed.prefix_group == [0, 1, 0] and prefixed.shared_tokens == [8] * 3  # turns start differently
     with pytest.raises(SpeedlimitError, match="needs --prefix-tokens"):
         build_workload(concurrency=1, prefix_groups=2)
     with pytest.raises(SpeedlimitError, match="--prefix-tokens must be"):

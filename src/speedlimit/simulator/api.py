@@ -186,8 +186,9 @@ def _shared_prefixes(workload: Workload, prefix_tokens: Any, prefix_groups: Any,
     """What the prompts share, as bench sends them: with ``prefix_tokens``, each prompt grows by one of
     ``prefix_groups`` texts of that length (prompt i gets text i mod groups, bench's `add_shared_prefix`); a dataset
     conversation's turn has its whole prompt in common with the conversation's later turns (bench sends each turn
-    after the turns before it). A conversation is then its own group: its system prefix counts as shared only within
-    it."""
+    after the turns before it), unless several prefixes start its turns (request i gets prefix i mod groups, so
+    consecutive turns start differently and share only their prefix). A conversation is then its own group: its
+    system prefix counts as shared only within it."""
     from speedlimit.bench.runner import MAX_TOKENS
 
     prefix_tokens = _whole("prefix-tokens", prefix_tokens, 0, MAX_TOKENS)
@@ -195,6 +196,8 @@ def _shared_prefixes(workload: Workload, prefix_tokens: Any, prefix_groups: Any,
     if prefix_groups > 1 and not prefix_tokens:
         raise SpeedlimitError(f"--prefix-groups {prefix_groups} needs --prefix-tokens: the length of each group's "
                               "prefix")
+    if prefix_groups > 1:  # consecutive turns start with different prefixes: no history in common
+        conversations = None
     chats = conversations is not None and any(c is not None for c in conversations)
     if not prefix_tokens and not chats:
         return workload
