@@ -141,6 +141,27 @@ def test_a_conversations_later_turn_hits_its_earlier_turns_prompt(tmp_path):
     assert result.raw.prompt == [64, 192] and result.raw.prefix_cached == [0, 64]
 
 
+def test_every_conversation_continues_the_one_system_prefix(tmp_path):
+    words = " ".join(["w"] * 64)
+    chat = [{"role": "user", "content": words}, {"role": "assistant", "content": words},
+            {"role": "user", "content": words}]
+    path = tmp_path / "chats.jsonl"
+    path.write_text((json.dumps({"conversation": chat}) + "\n") * 2)
+    result = simulate("llama-3.1-8b", "h100-sxm", engine="vllm", concurrency=1, requests=4, dataset=path,
+                      output_tokens=4, prefix_tokens=64)
+    # 64 prefix tokens (4 blocks) + turn 1 (64) or turn 2 (192): the first request computes all; a conversation's
+    # second turn hits its first turn's 8 blocks; the other conversation's first turn hits the prefix's 4
+    assert result.raw.prompt == [128, 256, 128, 256]
+    assert result.raw.prefix_cached == [0, 128, 64, 128]
+
+
+def test_a_groups_parent_must_have_no_parent():
+    engine = EngineConfig(prefix_caching=True)
+    with pytest.raises(SpeedlimitError, match="parent"):
+        _run([100], [2], engine, concurrency=1, requests=1, prefix_group=[2], shared_tokens=[50],
+             group_parent={2: (1, 16), 1: (0, 16)})
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), block=st.sampled_from([1, 4, 16]), chunked=st.booleans(),
        capacity=st.sampled_from([400, 1200, None]), n=st.integers(1, 8))
@@ -149,6 +170,14 @@ def test_every_request_completes_and_hits_stay_within_the_prompt(data, block, ch
     outputs = data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
     groups = data.draw(st.lists(st.integers(-1, 2), min_size=n, max_size=n))
     shared = [data.draw(st.integers(0, p)) for p in prompts]
+    parents = {}
+    if data.draw(st.booleans()):  # group 1 continues group 0's first `base` tokens (conversations after a prefix)
+        base = data.draw(st.integers(0, 100))
+        parents = {1: (0, base)}
+        for i, group in enumerate(groups):
+            if group in (0, 1):
+                prompts[i] = max(prompts[i], base + 1)
+                shared[i] = data.draw(st.integers(base, prompts[i])) if group == 1 else base
     engine = EngineConfig(max_seqs=data.draw(st.integers(1, 6)),
                           max_batched_tokens=data.draw(st.sampled_from([512, 2048])),
                           chunked_prefill=chunked, prefill_first=data.draw(st.booleans()), block_size=block,
@@ -156,7 +185,7 @@ def test_every_request_completes_and_hits_stay_within_the_prompt(data, block, ch
     requests = data.draw(st.integers(1, 30))
     try:
         raw = _run(prompts, outputs, engine, concurrency=data.draw(st.integers(1, 6)), requests=requests,
-                   prefix_group=groups, shared_tokens=shared)
+                   prefix_group=groups, shared_tokens=shared, group_parent=parents)
     except SpeedlimitError as error:  # a request that can never fit, or a whole prompt over the token budget
         assert "can never be admitted" in str(error) or "without chunked prefill" in str(error)
         return

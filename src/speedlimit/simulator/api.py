@@ -64,6 +64,7 @@ class Workload:
     # shares anything)
     prefix_group: list[int] | None = None
     shared_tokens: list[int] | None = None
+    prefix_parent: dict[int, tuple[int, int]] | None = None  # {group: (parent group, tokens)}: a chain continued
     indices: list[int] | None = None  # a replay: each prompt's request index in the measured run
 
     def load_info(self) -> LoadInfo:
@@ -187,8 +188,8 @@ def _shared_prefixes(workload: Workload, prefix_tokens: Any, prefix_groups: Any,
     ``prefix_groups`` texts of that length (prompt i gets text i mod groups, bench's `add_shared_prefix`); a dataset
     conversation's turn has its whole prompt in common with the conversation's later turns (bench sends each turn
     after the turns before it), unless several prefixes start its turns (request i gets prefix i mod groups, so
-    consecutive turns start differently and share only their prefix). A conversation is then its own group: its
-    system prefix counts as shared only within it."""
+    consecutive turns start differently and share only their prefix). A conversation is its own group, whose chain
+    continues the one prefix's when there is one (every conversation starts with it)."""
     from speedlimit.bench.runner import MAX_TOKENS
 
     prefix_tokens = _whole("prefix-tokens", prefix_tokens, 0, MAX_TOKENS)
@@ -204,10 +205,14 @@ def _shared_prefixes(workload: Workload, prefix_tokens: Any, prefix_groups: Any,
     prompts = [p + prefix_tokens for p in workload.prompts]
     group = [i % prefix_groups if prefix_tokens else -1 for i in range(len(prompts))]
     shared = [prefix_tokens] * len(prompts)
+    parents: dict[int, tuple[int, int]] = {}
     for i, conversation in enumerate(conversations or ()):
         if conversation is not None:
             group[i], shared[i] = prefix_groups + conversation, prompts[i]
+            if prefix_tokens:
+                parents[group[i]] = (0, prefix_tokens)
     workload.prompts, workload.prefix_group, workload.shared_tokens = prompts, group, shared
+    workload.prefix_parent = parents or None
     if prefix_tokens and workload.describe is not None:
         workload.describe.update(prefix_tokens=prefix_tokens, prefix_groups=prefix_groups)
     return workload
@@ -328,7 +333,8 @@ def run_workload(step: StepModel, engine: EngineConfig, workload: Workload, slo:
     try:
         raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, arrivals=workload.arrivals,
                   concurrency=workload.concurrency, requests=workload.requests, duration_s=workload.duration_s,
-                  prefix_group=workload.prefix_group, shared_tokens=workload.shared_tokens)
+                  prefix_group=workload.prefix_group, shared_tokens=workload.shared_tokens,
+                  group_parent=workload.prefix_parent)
         records = build_records(raw)
     finally:
         if collecting:
@@ -395,7 +401,8 @@ def saturation_point(step: StepModel, engine: EngineConfig, workload: Workload,
     low, high = SATURATION_REQUESTS
     n = int(min(high, max(low, 6 * slots))) if requests is None else _whole("requests", requests, 1, MAX_REQUESTS)
     raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, concurrency=slots, requests=n,
-              prefix_group=workload.prefix_group, shared_tokens=workload.shared_tokens)
+              prefix_group=workload.prefix_group, shared_tokens=workload.shared_tokens,
+              group_parent=workload.prefix_parent)
     ends = sorted(raw.end_times[s] for s in raw.last_step)
     a, b = int(0.2 * len(ends)), int(0.8 * len(ends)) - 1
     if b <= a or ends[b] <= ends[a]:

@@ -19,8 +19,9 @@ The engine (vLLM-v1-like, and llama.cpp's server with ``--parallel N``):
 - ``serial``: one request at a time (llama-cpp-python's server): the same loop with one slot;
 - ``prefix_caching`` (with a workload that says which prompts share leading tokens): a prefix cache of whole KV blocks,
   vLLM V1's and SGLang's. A request belongs to a *prefix group* whose members agree on their first ``shared`` tokens
-  (a system prompt, a conversation's history); the group's blocks 0 … k−1 are a contiguous chain. An admitted request
-  takes references on the group's cached leading blocks, at most ``prompt − 1`` tokens (the last one is always
+  (a system prompt, a conversation's history); the group's blocks 0 … k−1 are a contiguous chain, or continue its
+  parent group's chain after the parent's first blocks (every conversation after one system prompt). An admitted
+  request takes references on the group's cached leading blocks, at most ``prompt − 1`` tokens (the last one is always
   computed, for its logits: vLLM's kv_cache_manager.py get_computed_blocks caps the hit at num_tokens − 1, SGLang's
   schedule_batch.py at input_len − 1), so its prefill starts after them, priced as `estimate`'s cached prefill, and
   they count once in KV use however many requests hold them. The shared blocks a request computes join the chain
@@ -157,7 +158,7 @@ def _blocks(tokens: int, block: int) -> int:
 def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, prompts: list[int], outputs: list[int], *,
         arrivals: list[float] | None = None, concurrency: int | None = None, requests: int | None = None,
         duration_s: float | None = None, prefix_group: list[int] | None = None,
-        shared_tokens: list[int] | None = None) -> RawRun:
+        shared_tokens: list[int] | None = None, group_parent: dict[int, tuple[int, int]] | None = None) -> RawRun:
     """Simulate the engine serving a workload; returns per-request and per-step facts (no summaries).
 
     Open loop: ``arrivals`` (seconds, non-decreasing), request i has ``prompts[i]``/``outputs[i]``; with
@@ -165,7 +166,9 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     (lengths cycling through ``prompts``/``outputs``) as soon as their previous one ends, ``requests`` in all, or
     until ``duration_s`` (no request starts after it). ``prefix_group``/``shared_tokens`` (per entry of ``prompts``,
     None: no sharing): the prefix group of each request (−1: none) and how many of its leading tokens every member of
-    the group has in common; with ``engine.prefix_caching`` they are cached and reused.
+    the group has in common; with ``engine.prefix_caching`` they are cached and reused. ``group_parent``: {group:
+    (parent group, tokens)}: the group's members start with the parent's first ``tokens`` (a system prompt shared by
+    every conversation), so its chain continues the parent's.
     """
     engine.check()
     block = engine.block_size
@@ -197,6 +200,9 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         raise SpeedlimitError("the workload's prefix groups do not match its prompts (one group and shared length "
                               "each)")
     evicting = caching and math.isfinite(total_blocks)
+    parents = dict(group_parent or {}) if caching else {}
+    if any(p in parents or p < 0 or g < 0 for g, (p, _) in parents.items()):
+        raise SpeedlimitError("a prefix group's parent must be a group without a parent")
 
     closed = arrivals is None
     # per-request state (lists grow as requests are issued)
@@ -217,13 +223,17 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     segments: dict[int, list[tuple[int, int]]] = {}
     R_group: list[int] = []  # prefix group (-1: none)
     R_share: list[int] = []  # leading blocks it has in common with its group
-    R_gh: list[int] = []  # leading blocks it holds of its group's chain (the rest of its blocks are its own)
+    R_gh: list[int] = []  # its group's chain held, up to this block (its group's base: none)
+    R_ph: list[int] = []  # its group's parent's chain held, up to this block (the rest of its blocks are its own)
     R_cached: list[int] = []  # tokens its first admission found cached
     # prefix groups: the chain's cached blocks 0 … cached-1 (held by someone, or free and evictable), held: the
     # longest any running member holds, holders: {blocks held: members}
     g_cached: dict[int, int] = {}
     g_held: dict[int, int] = {}
     g_holders: dict[int, dict[int, int]] = {}
+    # a group may continue another's chain: its blocks start at g_base (its parent's shared part; 0: its own chain)
+    g_base: dict[int, int] = {}
+    g_parent: dict[int, int] = {}
     # the free blocks, least recently freed first: runs [group, lo, hi] (group -1: blocks holding nothing reusable;
     # else the group's chain blocks lo … hi-1, evicted from hi down); g_runs: each group's live runs, oldest (deepest
     # blocks) first
@@ -232,8 +242,12 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     hit_tokens = 0
     query_tokens = 0
     if caching:
-        for g in set(prefix_group):
-            g_cached[g], g_held[g], g_holders[g], g_runs[g] = 0, 0, {}, deque()
+        for g in set(prefix_group) | {p for p, _ in parents.values()}:
+            base = parents[g][1] // block if g in parents else 0
+            g_base[g] = g_cached[g] = g_held[g] = base
+            g_holders[g], g_runs[g] = {}, deque()
+            if g in parents:
+                g_parent[g] = parents[g][0]
 
     def issue(at: float, index: int) -> int:
         rid = len(R_prompt)
@@ -254,7 +268,8 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         if caching:
             R_group.append(prefix_group[index % pool])
             R_share.append(shared_tokens[index % pool] // block)
-            R_gh.append(0)
+            R_gh.append(g_base.get(prefix_group[index % pool], 0))
+            R_ph.append(0)
             R_cached.append(-1)
         return rid
 
@@ -334,64 +349,85 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
             n -= size
 
     def hit_blocks(rid: int) -> int:
-        """Leading blocks of the request found cached: never its last token, whose logits it needs."""
+        """Leading blocks of the request found cached (through its parent's chain first): never its last token, whose
+        logits it needs."""
         g = R_group[rid]
-        return 0 if g < 0 else min(g_cached[g], R_share[rid], (R_target[rid] - 1) // block)
+        if g < 0:
+            return 0
+        cap = (R_target[rid] - 1) // block
+        base = g_base[g]
+        if base and g_cached[g_parent[g]] < base:
+            return min(g_cached[g_parent[g]], cap)
+        return min(g_cached[g], R_share[rid], cap)
 
-    def hold(rid: int, h: int) -> None:
-        """The request takes references on its group's blocks 0 … h-1 (all cached); those nobody held leave the free
-        queue (from its middle: the group's newest runs, its shallowest blocks)."""
-        nonlocal free_blocks
+    def unheld(rid: int, h: int) -> int:
+        """Of the request's h cached leading blocks, those nobody holds (free until it takes them)."""
         g = R_group[rid]
+        base = g_base[g]
+        if not base:
+            return max(0, h - g_held[g])
+        return max(0, min(h, base) - g_held[g_parent[g]]) + max(0, h - max(base, g_held[g]))
+
+    def hold_in(g: int, end: int) -> None:
+        """A reference on group g's chain blocks up to ``end`` (all cached); those nobody held leave the free queue
+        (from its middle: the group's newest runs, its shallowest blocks)."""
+        nonlocal free_blocks
         top = g_held[g]
-        if h > top:
-            free_blocks -= h - top
-            g_held[g] = h
+        if end > top:
+            free_blocks -= end - top
+            g_held[g] = end
             if evicting:
                 runs = g_runs[g]
-                while runs and runs[-1][1] < h:
-                    if runs[-1][2] <= h:
+                while runs and runs[-1][1] < end:
+                    if runs[-1][2] <= end:
                         runs[-1][1] = runs[-1][2]
                         runs.pop()
                     else:
-                        runs[-1][1] = h
+                        runs[-1][1] = end
                         break
         holders = g_holders[g]
-        holders[h] = holders.get(h, 0) + 1
-        R_gh[rid] = h
+        holders[end] = holders.get(end, 0) + 1
 
-    def extend(rid: int, end: int) -> None:
-        """A chunk up to token ``end`` is scheduled: the shared blocks it fills join the group's chain when the
-        request is at its frontier (else they are its own copies, as an engine does not look again after admission)."""
+    def hold(rid: int, h: int) -> None:
+        """The request takes references on its h leading blocks: its parent's chain below its group's base, then its
+        group's."""
         g = R_group[rid]
-        held = R_gh[rid]
-        new = min(R_share[rid], end // block)
+        base = g_base[g]
+        if base:
+            R_ph[rid] = min(h, base)
+            hold_in(g_parent[g], R_ph[rid])
+        if h > base:
+            hold_in(g, h)
+            R_gh[rid] = h
+
+    def extend_in(g: int, held: int, new: int) -> bool:
+        """A member holding group g's chain up to ``held`` has scheduled its blocks up to ``new``: they join the
+        chain when the member is at its end (else they are its own copies, as an engine does not look again after
+        admission)."""
         if new <= held or held != g_cached[g]:
-            return
+            return False
         holders = g_holders[g]
-        if held:
+        if held > g_base[g]:
             holders[held] -= 1
             if not holders[held]:
                 del holders[held]
         holders[new] = holders.get(new, 0) + 1
-        g_cached[g] = g_held[g] = R_gh[rid] = new
+        g_cached[g] = g_held[g] = new
+        return True
 
-    def release(rid: int, tokens: int) -> None:
-        """A request holding ``tokens`` in the cache leaves it: its own blocks are freed (tail first, as vLLM frees
-        them), then the chain blocks no one else holds, which stay cached until evicted."""
-        nonlocal free_blocks
-        held = R_gh[rid]
-        own = _blocks(tokens, block) - held
-        free_blocks += own
-        if evicting and own > 0:
-            if free_runs and free_runs[-1][0] < 0:
-                free_runs[-1][2] += own
-            else:
-                free_runs.append([-1, 0, own])
-        if not held:
-            return
+    def extend(rid: int, end: int) -> None:
+        """A chunk up to token ``end`` is scheduled: the shared blocks it fills join the chains."""
         g = R_group[rid]
-        R_gh[rid] = 0
+        base = g_base[g]
+        blocks = end // block
+        if base and extend_in(g_parent[g], R_ph[rid], min(base, blocks)):
+            R_ph[rid] = min(base, blocks)
+        if extend_in(g, R_gh[rid], min(R_share[rid], blocks)):
+            R_gh[rid] = min(R_share[rid], blocks)
+
+    def release_in(g: int, held: int) -> None:
+        """A member holding group g's chain up to ``held`` lets go; the blocks no one else holds stay cached."""
+        nonlocal free_blocks
         holders = g_holders[g]
         holders[held] -= 1
         if holders[held]:
@@ -399,13 +435,34 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         del holders[held]
         top = g_held[g]
         if held == top:
-            new = max(holders, default=0)
+            new = max(holders, default=g_base[g])
             g_held[g] = new
             free_blocks += top - new
             if evicting:
                 freed = [g, new, top]
                 free_runs.append(freed)
                 g_runs[g].append(freed)
+
+    def release(rid: int, tokens: int) -> None:
+        """A request holding ``tokens`` in the cache leaves it: its own blocks are freed first (tail first, as vLLM
+        frees them), then its group's chain, then its parent's (deepest first)."""
+        nonlocal free_blocks
+        g = R_group[rid]
+        base = g_base[g] if g >= 0 else 0
+        held, parent_held = R_gh[rid], R_ph[rid]
+        own = _blocks(tokens, block) - (held - base) - parent_held
+        free_blocks += own
+        if evicting and own > 0:
+            if free_runs and free_runs[-1][0] < 0:
+                free_runs[-1][2] += own
+            else:
+                free_runs.append([-1, 0, own])
+        if held > base:
+            release_in(g, held)
+            R_gh[rid] = base
+        if parent_held:
+            release_in(g_parent[g], parent_held)
+            R_ph[rid] = 0
 
     def preempt(rid: int) -> None:
         nonlocal free_blocks
@@ -453,7 +510,7 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
             need = _blocks(R_target[head], block)
             if caching:
                 h = hit_blocks(head)
-                need += max(0, h - g_held[R_group[head]]) - h if h else 0
+                need += unheld(head, h) - h if h else 0
             prefill_only = free_blocks >= need  # prefill-first: decodes wait while a prompt can start
         n_dec = 0
         d = len(decode_steps)  # the decode clock: this step is decode step d if the decoders decode in it
@@ -509,7 +566,7 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
                 if n > budget:
                     break
                 need = _blocks(start + n, block) - h
-                reuse = max(0, h - g_held[R_group[rid]]) if h else 0  # cached blocks nobody holds: free until taken
+                reuse = unheld(rid, h) if h else 0  # cached blocks nobody holds: free until taken
                 if need + reuse > free_blocks:
                     break
                 waiting.popleft()
