@@ -192,6 +192,8 @@ def test_every_request_completes_and_hits_stay_within_the_prompt(data, block, ch
     assert raw.n == requests and all(step >= 0 for step in raw.last_step)
     assert all(0 <= cached < prompt for cached, prompt in zip(raw.prefix_cached, raw.prompt))
     assert 0 <= raw.prefix_hit_tokens <= raw.prefix_query_tokens
+    # the hit rate counts each request's first lookup only (vLLM counts a preempted request's again apart)
+    assert raw.prefix_query_tokens == sum(raw.prompt) and raw.prefix_hit_tokens == sum(raw.prefix_cached)
     assert max(raw.step_kv_blocks) <= raw.kv_blocks
     records = build_records(raw)
     assert all(r.output_tokens == len(r.itl_s) + 1 and r.ttft_s > 0 for r in records)

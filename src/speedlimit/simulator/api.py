@@ -469,8 +469,8 @@ def _simulation_block(raw: RawRun, engine: EngineConfig, workload: Workload, sat
                                                   for i in range(n)])) if n else None},
         "preemptions": int(sum(raw.preemptions)),
         "preempted_requests": len(raw.segments),
-        # bench's server-metrics name: prompt tokens found cached / prompt tokens asked for (a readmission after
-        # preemption asks again); None when the engine caches no prefixes
+        # bench's server-metrics name: prompt tokens found cached / prompt tokens looked up, at each request's first
+        # admission (as vLLM exports it); None when the engine caches no prefixes
         "prefix_cache_hit_rate": (raw.prefix_hit_tokens / raw.prefix_query_tokens if raw.prefix_query_tokens else 0.0)
         if engine.prefix_caching else None,
         "saturated": False,

@@ -129,8 +129,11 @@ class RawRun:
     decode_steps: list[int] = field(default_factory=list)  # the steps in which the decoders decoded, in order
     idle_s: float = 0.0  # time with nothing to run (open loop)
     prefix_cached: list[int] = field(default_factory=list)  # per request: tokens its first admission found cached
-    prefix_hit_tokens: int = 0  # over every admission (a preempted request's readmission too): tokens found cached
-    prefix_query_tokens: int = 0  # … and tokens it asked for (its prompt, plus what it had generated)
+    # over every request's first admission: prompt tokens found cached, and prompt tokens looked up (vLLM V1 counts a
+    # preempted request's readmission apart and does not export it: PrefixCacheStats.preempted_queries in
+    # https://github.com/vllm-project/vllm/blob/main/vllm/v1/metrics/stats.py)
+    prefix_hit_tokens: int = 0
+    prefix_query_tokens: int = 0
     extra: dict = field(default_factory=dict)
 
     def emission_steps(self, rid: int) -> list[tuple[int, int]]:
@@ -574,10 +577,10 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
                     if h:
                         hold(rid, h)
                     R_done[rid] = start
-                    hit_tokens += start
-                    query_tokens += R_target[rid]
-                    if R_cached[rid] < 0:
+                    if R_cached[rid] < 0:  # first admission: a readmission's lookup is counted apart by vLLM V1
                         R_cached[rid] = start
+                        hit_tokens += start
+                        query_tokens += R_target[rid]
                 free_blocks -= need
                 if evicting:
                     take(need)
