@@ -219,3 +219,18 @@ def test_trace_conflicts_are_one_line(cli, tmp_path, extra, needle):
     trace.write_text('{"arrival_s": 0.0, "prompt_tokens": 8, "output_tokens": 4}\n')
     code, _, err = cli("simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--trace", str(trace), *extra)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_prefix_flags_reach_the_engine_and_the_hit_rate_is_printed(cli):
+    argv = (*BASE, "--engine", "vllm", "--concurrency", "4", "--requests", "12", "--prefix-tokens", "1024",
+            "--prefix-groups", "2")
+    code, out, err = cli(*argv, "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["engine"]["prefix_caching"] is True
+    assert summary["engine"]["workload"]["prefix_tokens"] == 1024 and summary["prompt_tokens"] == 12 * (512 + 1024)
+    assert summary["simulation"]["prefix_cache_hit_rate"] == pytest.approx(10 * 1024 / (12 * 1536))
+    code, out, err = cli(*argv)
+    assert code == 0 and "prefix-cache hits" in out and "55.6%" in out
+    code, out, err = cli(*argv, "--no-prefix-caching", "--json")
+    assert code == 0 and json.loads(out)["simulation"]["prefix_cache_hit_rate"] is None
