@@ -229,8 +229,8 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     R_gh: list[int] = []  # its group's chain held, up to this block (its group's base: none)
     R_ph: list[int] = []  # its group's parent's chain held, up to this block (the rest of its blocks are its own)
     R_cached: list[int] = []  # tokens its first admission found cached
-    # prefix groups: the chain's cached blocks 0 … cached-1 (held by someone, or free and evictable), held: the
-    # longest any running member holds, holders: {blocks held: members}
+    # prefix groups, in absolute block indices: the chain's cached blocks base … cached-1 (held by someone, or free
+    # and evictable), held: the furthest any running member holds, holders: {held up to: members}
     g_cached: dict[int, int] = {}
     g_held: dict[int, int] = {}
     g_holders: dict[int, dict[int, int]] = {}
