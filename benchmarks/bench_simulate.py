@@ -18,8 +18,10 @@ import subprocess
 import sys
 import time
 
+# scheduler="continuous": the generic vLLM-like scheduler, as time_phases runs it (plain simulate runs the default
+# engine, llama-server's 4 slots, which needs 16x the steps for this load)
 SCENARIO = dict(model="llama-3.1-8b", hardware="h100-sxm", concurrency=64, prompt_tokens=1024, output_tokens=256,
-                chunked_prefill=True)
+                chunked_prefill=True, scheduler="continuous")
 
 
 def time_phases(requests: int) -> dict[str, float]:

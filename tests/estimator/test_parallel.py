@@ -54,6 +54,15 @@ def test_default_parallelism_is_exactly_the_tensor_parallel_step(model, tp):
         (core.usable_memory_bytes(machine) - cost.total_weight_bytes) / core.kv_bytes_per_sequence(cost, 4096.0)))
 
 
+@pytest.mark.parametrize(("model", "tp"), [("llama-3.1-70b", 4), ("deepseek-v3", 8), ("gemma-2-9b", 1)])
+def test_the_general_pipeline_path_reduces_to_the_fast_path_at_ones(model, tp):
+    # step_seconds skips the pipeline bookkeeping when pp = dp = ep = 1; the general path must agree there
+    cost, machine = _setup(model, tp=tp)
+    for step in (core.decode_batch(cost, 64.0, 3000.0), core.prefill_batch(cost, 4.0, 2048.0), core.decode_batch(cost, 1.0, 10.0)):
+        general = core.pipeline_cycle_seconds(cost, machine, *core.micro_step_seconds(cost, machine, step))
+        assert core.step_seconds(cost, machine, step) == pytest.approx(general, rel=1e-12)
+
+
 def test_explicit_ones_equal_the_defaults():
     plain = estimate("deepseek-v3", "h200", weights="fp8", tp=8, batch=32).to_dict()
     ones = estimate("deepseek-v3", "h200", weights="fp8", tp=8, batch=32, pp=1, dp=1, ep=1).to_dict()

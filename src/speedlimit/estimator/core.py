@@ -468,6 +468,12 @@ def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0):
 def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
     """Wall time of one engine step with a mixed batch of decode sequences and prefill chunks (on all the devices):
     in a pipeline, the steady cycle in which every sequence advances once."""
+    if _scalar(machine.pp) and _scalar(machine.dp) and _scalar(machine.ep) and machine.pp == machine.dp == machine.ep == 1:
+        # one replica, one stage, no expert parallelism: the same price without the pipeline bookkeeping (the
+        # simulator calls this once per step; tests check it equals the general path)
+        tokens = step.decode_sequences + step.prefill_tokens
+        return step_time(step_bytes(cost, step), priced_flops(cost, machine, step), machine,
+                         allreduce_seconds(cost, machine, tokens), step.decode_sequences + step.prefill_sequences)
     micro_s, send_s, count = micro_step_seconds(cost, machine, step)
     return pipeline_cycle_seconds(cost, machine, micro_s, send_s, count)
 
