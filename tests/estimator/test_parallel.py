@@ -308,7 +308,7 @@ def test_cli_json_and_table_show_devices():
 @pytest.mark.parametrize(("argv", "needle"), [
     (["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--ep", "2", "--tp", "2"], "dense"),
     (["estimate", "-m", "deepseek-v3", "-H", "h200", "--dp", "8"], "--ep with --dp"),
-    (["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--dp", "2", "--requests", "4"], "one engine"),
+    (["simulate", "-m", "mixtral-8x7b", "-H", "h100-sxm", "--dp", "2", "--ep", "2", "--requests", "4"], "expert-parallel group"),
 ])  # fmt: skip
 def test_cli_refusals_are_one_line_exit_2(argv, needle):
     done = subprocess.run([sys.executable, "-m", "speedlimit.cli", *argv], capture_output=True, text=True, timeout=60)

@@ -49,7 +49,10 @@ POINT_KEYS = {"ttft_p50_s": ("ttft_s", "p50"), "ttft_p99_s": ("ttft_s", "p99"), 
     {"load": "concurrency", "values": [1, 8], "model": "mixtral-8x7b", "tp": 2, "pp": 2, "ep": 2, "output": 64},
     {"load": "rate", "values": [5, 20], "engine": "vllm", "prefix_tokens": 1000},
     {"load": "concurrency", "values": [2, 8], "engine": "vllm", "prefix_tokens": 1000, "prefix_caching": False},
-], ids=["concurrency-slo", "rate", "serial", "cpu-numa", "pipeline-experts", "prefix", "prefix-uncached"])
+    {"load": "rate", "values": [10, 40], "engine": "vllm", "dp": 2, "output": 64},
+    {"load": "concurrency", "values": [3, 8], "tp": 2, "dp": 2, "output": 64},
+], ids=["concurrency-slo", "rate", "serial", "cpu-numa", "pipeline-experts", "prefix", "prefix-uncached", "dp-rate",
+        "dp-concurrency"])
 def test_every_level_equals_the_command_line_it_prints(client, body):
     response = _post(client, **body)
     assert response.status_code == 200, response.text
@@ -223,8 +226,9 @@ def test_whole_prompt_engine_profile_serves_every_request(client):
             assert ours[key] == theirs[metric][quantile], key
 
 
-def test_data_parallel_replicas_are_one_line_422(client):
-    response = _post(client, dp=2)
+def test_data_parallel_replicas_with_expert_parallelism_are_one_line_422(client):
+    """dp alone runs (the levels above); dp with ep couples the replicas' steps, which simulate refuses."""
+    response = _post(client, model="mixtral-8x7b", dp=2, ep=2)
     assert response.status_code == 422, response.text
     detail = response.json()["detail"]
-    assert "one engine" in detail and "\n" not in detail
+    assert "expert-parallel group" in detail and "\n" not in detail

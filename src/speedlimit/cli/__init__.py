@@ -66,6 +66,7 @@ EXAMPLES = {
         "speedlimit simulate -m smollm2-135m -H local --engine llama-cpp-python --concurrency 4 --requests 16 --json",
         "speedlimit simulate -m llama-3.1-70b -H h100-sxm --tp 4 --engine vllm --concurrency 64 --requests 500",
         "speedlimit simulate -m llama-3.1-70b -H l40s --tp 2 --pp 2 --weights fp8 --engine vllm --concurrency 32 --requests 200",
+        "speedlimit simulate -m llama-3.1-8b -H h100-sxm --dp 4 --engine vllm --rate 40 --requests 2000",
         "speedlimit simulate -m llama-3.1-8b -H h100-sxm --engine vllm --concurrency 32 --prefix-tokens 2000 --prefix-groups 4 --no-prefix-caching",
     ],
     "verify": ["speedlimit verify --quick", "speedlimit verify --out verify.json"],

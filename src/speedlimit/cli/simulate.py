@@ -51,6 +51,10 @@ def simulation_table(summary: RunSummary) -> Table:
          f"{capacity:,.0f} tokens, peak {peak:.0%} used, mean {kv.get('mean_fraction') or 0:.0%}"),
         ("preemptions", f"{sim.get('preemptions', 0):,} ({sim.get('preempted_requests', 0):,} requests recomputed)"),
     ]
+    if sim.get("replicas"):
+        rows.insert(0, ("data-parallel replicas", f"{sim['replicas']:,}, {sim['routing']} routing "
+                                                  f"({sim['replicas_with_requests']:,} got requests); batch, queue "
+                                                  "and KV per replica"))
     if sim.get("prefix_cache_hit_rate") is not None:
         rows.append(("prefix-cache hits", f"{sim['prefix_cache_hit_rate']:.1%} of prompt tokens (bench's server "
                                           "metric)"))

@@ -7,13 +7,18 @@ when one ends, dataset rows shuffled the same way. Records are `RequestRecord`s 
 is the one bench uses. Shared prefixes are bench's too: ``--prefix-tokens`` starts every prompt with one of
 ``--prefix-groups`` seeded texts (prompt i gets text i mod groups), and a dataset conversation's turns each repeat the
 turns before them; with the engine's prefix caching on, the engine reuses them.
+
+Data parallelism (``--dp N``, `run_replicas`): N independent replicas of the engine, each one tp (× pp) devices with
+its own scheduler, queue and KV cache (`replica_step`), behind a front end that deals requests round-robin
+(`ROUTING`, `route_workload`); each replica's share runs through the engine core on its own, and the replicas' records
+merge into one run (one summary, and the simulation block's per-replica figures). ``--dp`` with ``--ep`` is refused.
 """
 
 from __future__ import annotations
 
 import gc
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -79,7 +84,8 @@ class Simulation:
 
     summary: RunSummary
     records: list[RequestRecord]
-    raw: RawRun
+    raw: RawRun  # the engine's run (--dp > 1: replica 0's; every replica's in `replica_raws`)
+    replica_raws: list[RawRun] | None = None  # --dp > 1: each replica that got requests, in replica order
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,12 +110,23 @@ def _length_spec(value: Any, what: str) -> LengthSpec:
     return spec
 
 
-def check_one_engine(step: StepModel) -> None:
-    """The simulator runs one engine: a pipeline (--pp) and experts split over its devices (--ep) are one engine,
-    data-parallel replicas (--dp) are several, each with its own scheduler and queue."""
-    if step.machine.dp > 1:
-        raise SpeedlimitError(f"--dp {int(step.machine.dp)}: simulate runs one engine, not data-parallel replicas; "
-                              "simulate one replica with its share of the load (the estimate prices the replicas)")
+def replica_step(step: StepModel) -> tuple[StepModel, int]:
+    """(one data-parallel replica's step model, the replicas): a replica is tp (× pp) devices with the whole model,
+    its own scheduler, queue and KV cache, so its step costs and KV capacity are the dp = 1 ones (`core.Machine.dp`
+    spreads a step over replicas in lockstep; the simulator runs each replica's own steps instead).
+
+    With --ep the MoE layers of all the replicas form one expert-parallel group that every forward pass synchronizes
+    ("expert layers across all ranks are required to synchronize during every forward pass",
+    https://docs.vllm.ai/en/latest/serving/data_parallel_deployment/): the replicas' steps are coupled, which the
+    independent replicas here do not model, so --dp > 1 with --ep > 1 is refused."""
+    replicas = int(step.machine.dp)
+    if replicas == 1:
+        return step, 1
+    if step.machine.ep > 1:
+        raise SpeedlimitError(f"--dp {replicas} with --ep {int(step.machine.ep)}: the replicas' MoE layers meet in one "
+                              "expert-parallel group every step, which simulate does not model (it runs independent "
+                              "replicas); drop --ep, or simulate one replica (the estimate prices the EP group)")
+    return step._replace(machine=step.machine._replace(dp=1.0)), replicas
 
 
 def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_batched_tokens: int | None = None,
@@ -118,9 +135,9 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
                   use_profile: bool = True, prefix_caching: bool | None = None) -> EngineConfig:
     """An engine's scheduler: explicit options over the engine profile's defaults (``profile``, else ``step``'s
     engine; vLLM's and SGLang's depend on the device's memory and the KV capacity); with ``mode`` given
-    (continuous or serial), that scheduler's generic defaults instead. The KV capacity from memory beside the weights. ``use_profile=False``: the mode's generic defaults only."""
+    (continuous or serial), that scheduler's generic defaults instead. The KV capacity from memory beside the weights (one data-parallel replica's). ``use_profile=False``: the mode's generic defaults only."""
     if step is not None:
-        check_one_engine(step)
+        step, _ = replica_step(step)  # one replica's scheduler and KV cache
     if profile is None and step is not None:
         profile = step.engine
     if not use_profile or mode is not None:  # a scheduler named explicitly runs on its generic defaults
@@ -327,7 +344,10 @@ def _dataset_prompt_tokens(row: dict[str, Any]) -> int:
 
 def run_workload(step: StepModel, engine: EngineConfig, workload: Workload, slo: dict[str, float] | None = None,
                  *, saturation: dict[str, float] | None = None, timeline_points: int = TIMELINE_POINTS) -> Simulation:
-    """Simulate ``workload`` on ``engine`` for the model/hardware ``step``; records and bench's summary."""
+    """Simulate ``workload`` on ``engine`` for the model/hardware ``step``; records and bench's summary (with --dp,
+    `run_replicas`)."""
+    if step.machine.dp > 1:
+        return run_replicas(step, engine, workload, slo, saturation=saturation, timeline_points=timeline_points)
     collecting = gc.isenabled()
     gc.disable()  # the run allocates ~1e5-1e6 containers that all live to the end: no cycles for the GC to find
     try:
@@ -355,8 +375,9 @@ def _duration(raw: RawRun) -> float:
     return last - first
 
 
-def build_records(raw: RawRun) -> list[RequestRecord]:
-    """Bench's records of a simulated run (built once at the end; ITL gaps share the step-gap float objects)."""
+def build_records(raw: RawRun, indices: Sequence[int] | None = None) -> list[RequestRecord]:
+    """Bench's records of a simulated run (built once at the end; ITL gaps share the step-gap float objects).
+    ``indices``: each request's index in the records (default: its id in ``raw``)."""
     ends = raw.end_times
     steps = raw.decode_steps
     # gaps[i]: end of decode step i-1 → end of decode step i, the gap a sequence that decoded in both sees (prefill-only
@@ -383,7 +404,7 @@ def build_records(raw: RawRun) -> list[RequestRecord]:
             previous = b
         output = raw.output[rid]
         records.append(construct({
-            "index": rid, "start_ns": int(arrival * 1e9 + 0.5), "end_ns": int(end_time * 1e9 + 0.5),
+            "index": rid if indices is None else indices[rid], "start_ns": int(arrival * 1e9 + 0.5), "end_ns": int(end_time * 1e9 + 0.5),
             "ttft_s": first_time - arrival, "itl_s": itl, "e2e_s": end_time - arrival, "prompt_tokens": raw.prompt[rid],
             "output_tokens": output, "output_chunks": output, "token_count_source": "simulated",
             "prompt_token_source": "simulated", "finish_reason": "length", "queue_s": raw.scheduled[rid] - arrival,
@@ -396,7 +417,9 @@ def saturation_point(step: StepModel, engine: EngineConfig, workload: Workload,
                      requests: int | None = None) -> dict[str, float]:
     """The engine's sustainable rate for this workload: a closed-loop run with every slot busy, in steady state
     (completions between the 20th and 80th percentile, so the fill and the drain don't count). ``requests``: the
-    run's length (default: six waves of the engine's slots, within `SATURATION_REQUESTS`)."""
+    run's length (default: six waves of the engine's slots, within `SATURATION_REQUESTS`). With --dp, the replicas'
+    (round-robin routing keeps every replica's share equal: one replica's rate × the replicas)."""
+    step, replicas = replica_step(step)
     slots = engine.slots
     low, high = SATURATION_REQUESTS
     n = int(min(high, max(low, 6 * slots))) if requests is None else _whole("requests", requests, 1, MAX_REQUESTS)
@@ -410,7 +433,9 @@ def saturation_point(step: StepModel, engine: EngineConfig, workload: Workload,
     else:
         request_s = (b - a) / (ends[b] - ends[a])
     mean_output = sum(raw.output) / len(raw.output)
-    return {"request_s": request_s, "output_tok_s": request_s * mean_output, "concurrency": slots}
+    if replicas > 1:
+        request_s *= replicas
+    return {"request_s": request_s, "output_tok_s": request_s * mean_output, "concurrency": slots * replicas}
 
 
 def saturation_note(summary: RunSummary) -> str | None:
@@ -480,6 +505,11 @@ def _simulation_block(raw: RawRun, engine: EngineConfig, workload: Workload, sat
             "kv_fraction": _series(kv_fraction, idx) if kv_fraction is not None else None,
         },
     }
+    return _saturation_fields(block, workload, saturation)
+
+
+def _saturation_fields(block: dict[str, Any], workload: Workload, saturation: dict[str, float] | None) -> dict[str, Any]:
+    """The simulation block's saturation rate (open loop) and whether the load saturates the engine."""
     if workload.arrivals is not None and saturation is not None:
         rate = workload.rate if workload.rate is not None else math.inf
         block["saturation_request_s"] = saturation["request_s"]
@@ -489,6 +519,142 @@ def _simulation_block(raw: RawRun, engine: EngineConfig, workload: Workload, sat
         # closed loop: the engine is full when clients outnumber its slots or the KV cache holds them back
         block["saturated"] = bool(block["queue"]["mean"] >= 0.5)
     return block
+
+
+# --------------------------------------------------------------------------------------------
+# data-parallel replicas (--dp)
+
+#: How the front end spreads requests over the replicas: round-robin, SGLang's default data-parallel load balancing
+#: (ServerArgs.load_balance_method = "round_robin", https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/server_args.py,
+#: dispatched by its data_parallel_controller.py). vLLM's API server instead sends each request to the engine with
+#: the least 4 × waiting + running requests (DPLBAsyncMPClient in vllm/v1/engine/core_client.py); that choice
+#: depends on every replica's state at each arrival, which independent replica runs cannot see, so it is not modelled.
+ROUTING = "round-robin"
+
+
+def route_workload(workload: Workload, replicas: int) -> list[Workload]:
+    """Each busy replica's share of ``workload`` under round-robin routing; replica r of the B busy ones serves the
+    workload's requests r, r + B, r + 2B, … (its local request j is request j·B + r, with that request's lengths and
+    prefix group).
+
+    Open loop: the requests in arrival order (those sent before ``duration_s``), dealt in turn; B = min(replicas,
+    requests). Closed loop at concurrency C: the C clients split as evenly as possible over B = min(replicas, C,
+    requests) replicas (the first C mod B get one more), each replica running its own closed loop with its clients
+    over its dealt share of the requests (or until ``duration_s``). With C a multiple of B every replica runs the
+    same closed loop as one engine at C / B."""
+    pool = len(workload.prompts)
+    if workload.arrivals is not None:
+        arrivals = workload.arrivals
+        if workload.duration_s is not None:
+            arrivals = arrivals[:sum(1 for a in arrivals if a < workload.duration_s) or 1]  # what one engine sends
+        busy = min(replicas, len(arrivals))
+    else:
+        busy = min(replicas, workload.concurrency, workload.requests or replicas)
+    shares = []
+    for r in range(busy):
+        take = [(j * busy + r) % pool for j in range(pool)]  # period pool in j: the engine cycles prompts the same
+        share = replace(workload, prompts=[workload.prompts[i] for i in take],
+                        outputs=[workload.outputs[i] for i in take], indices=None)
+        if workload.prefix_group is not None:
+            share.prefix_group = [workload.prefix_group[i] for i in take]
+        if workload.shared_tokens is not None:
+            share.shared_tokens = [workload.shared_tokens[i] for i in take]
+        if workload.arrivals is not None:
+            share.arrivals, share.duration_s = arrivals[r::busy], None
+            share.requests = len(share.arrivals)
+        else:
+            share.concurrency = workload.concurrency // busy + (r < workload.concurrency % busy)
+            if workload.requests is not None:
+                share.requests = len(range(r, workload.requests, busy))
+        shares.append(share)
+    return shares
+
+
+def run_replicas(step: StepModel, engine: EngineConfig, workload: Workload, slo: dict[str, float] | None = None,
+                 *, saturation: dict[str, float] | None = None, timeline_points: int = TIMELINE_POINTS) -> Simulation:
+    """``workload`` on ``step.machine.dp`` data-parallel replicas of ``engine`` (`route_workload`), each an independent
+    run of the engine core on one replica's step model (`replica_step`), merged into one run in bench's terms: the
+    records of every replica (request index: the request's rank in routing order, j·B + r for replica r's j-th;
+    times from the common start), one summary over them, and a simulation block with per-replica figures."""
+    one, replicas = replica_step(step)
+    shares = route_workload(workload, replicas)
+    collecting = gc.isenabled()
+    gc.disable()  # as run_workload: the runs' containers all live to the end
+    try:
+        raws = [run(one.cost, one.machine, engine, share.prompts, share.outputs, arrivals=share.arrivals,
+                    concurrency=share.concurrency, requests=share.requests, duration_s=share.duration_s,
+                    prefix_group=share.prefix_group, shared_tokens=share.shared_tokens,
+                    group_parent=share.prefix_parent) for share in shares]
+        busy = len(raws)
+        routed = sorted(j * busy + r for r, raw in enumerate(raws) for j in range(raw.n))
+        rank = {g: k for k, g in enumerate(routed)} if routed[-1] != len(routed) - 1 else None  # gaps: renumber
+        records: list[RequestRecord] = []
+        for r, raw in enumerate(raws):
+            ids = range(r, r + raw.n * busy, busy)
+            records.extend(build_records(raw, ids if rank is None else [rank[g] for g in ids]))
+        records.sort(key=lambda record: record.index)
+    finally:
+        if collecting:
+            gc.enable()
+    first = min(min(raw.arrival) for raw in raws)
+    last = max(max((raw.end_times[s] for s in raw.last_step if s >= 0), default=first) for raw in raws)
+    if workload.arrivals is not None and saturation is None:
+        saturation = saturation_point(step, engine, workload)
+    blocks = [_simulation_block(raw, engine, share, None, timeline_points) for raw, share in zip(raws, shares)]
+    info = _saturation_fields(_replicas_block(blocks, raws, engine, replicas), workload, saturation)
+    summary = summarize(records, last - first, slo or {}, source="simulate", offered_load=workload.load_info(),
+                        engine=_engine_block(step, engine, workload), simulation=info)
+    return Simulation(summary, records, raws[0], raws)
+
+
+def _replicas_block(blocks: list[dict[str, Any]], raws: list[RawRun], engine: EngineConfig,
+                    replicas: int) -> dict[str, Any]:
+    """One simulation block for the replicas: batch, tokens per step, queue, requests in the system and KV use per
+    replica (means of the busy replicas' means, maxima over them), steps and preemptions in all, request times
+    averaged over every request, the timeline of replica 0; each busy replica's own figures in ``per_replica``."""
+    counts = [raw.n for raw in raws]
+    total = sum(counts)
+
+    def mean(values: list[float | None]) -> float | None:
+        return None if any(v is None for v in values) else float(np.mean(values))
+
+    def per_request(values: list[float | None]) -> float | None:
+        pairs = [(v, n) for v, n in zip(values, counts) if n]
+        return None if not pairs or any(v is None for v, _ in pairs) else sum(v * n for v, n in pairs) / total
+
+    tokens = sum(sum(raw.step_tokens) for raw in raws)
+    hits, queries = sum(raw.prefix_hit_tokens for raw in raws), sum(raw.prefix_query_tokens for raw in raws)
+    kv = blocks[0]["kv"]
+    return {
+        "replicas": replicas,
+        "replicas_with_requests": len(raws),
+        "routing": ROUTING,
+        "steps": sum(b["steps"] for b in blocks),
+        "simulated_s": max(b["simulated_s"] for b in blocks),
+        "idle_s": mean([b["idle_s"] for b in blocks]),
+        "batch": {"mean": mean([b["batch"]["mean"] for b in blocks]), "max": max(b["batch"]["max"] for b in blocks)},
+        "tokens_per_step": {"mean": mean([b["tokens_per_step"]["mean"] for b in blocks]),
+                            "max": max(b["tokens_per_step"]["max"] for b in blocks)},
+        "prefill_token_share": float(sum(sum(raw.step_prefill) for raw in raws) / tokens) if tokens else 0.0,
+        "in_system": {"mean": mean([b["in_system"]["mean"] for b in blocks])},
+        "queue": {"mean": mean([b["queue"]["mean"] for b in blocks]), "max": max(b["queue"]["max"] for b in blocks),
+                  "mean_wait_s": per_request([b["queue"]["mean_wait_s"] for b in blocks]) or 0.0},
+        "kv": {"capacity_tokens": kv["capacity_tokens"], "block_size": kv["block_size"],
+               "mean_fraction": mean([b["kv"]["mean_fraction"] for b in blocks]),
+               "peak_fraction": None if kv["peak_fraction"] is None else max(b["kv"]["peak_fraction"] for b in blocks)},
+        "time_split": {key: per_request([b["time_split"][key] for b in blocks])
+                       for key in ("queue_s", "prefill_s", "decode_s")},
+        "preemptions": sum(b["preemptions"] for b in blocks),
+        "preempted_requests": sum(b["preempted_requests"] for b in blocks),
+        "prefix_cache_hit_rate": (hits / queries if queries else 0.0) if engine.prefix_caching else None,
+        "saturated": False,
+        "timeline": blocks[0]["timeline"],
+        "timeline_replica": 0,
+        "per_replica": [{"requests": n, "steps": b["steps"], "simulated_s": b["simulated_s"], "batch": b["batch"],
+                         "queue": {"mean": b["queue"]["mean"], "max": b["queue"]["max"]},
+                         "kv": {"mean_fraction": b["kv"]["mean_fraction"], "peak_fraction": b["kv"]["peak_fraction"]},
+                         "preemptions": b["preemptions"]} for b, n in zip(blocks, counts)],
+    }
 
 
 def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> dict[str, Any]:
@@ -503,6 +669,7 @@ def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> 
         "step_overhead_s": float(step.machine.step_overhead_s),
         "sequence_overhead_s": float(step.machine.sequence_overhead_s), "ideal": step.ideal,
         "workload": workload.describe,
+        **({"dp": int(step.machine.dp), "routing": ROUTING} if step.machine.dp > 1 else {}),
     }
 
 
@@ -539,7 +706,7 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None
              prefix_groups: int = 1, prefix_caching: bool | None = None) -> Simulation:
     """Predict a serving engine under load, in bench's terms: records and a `RunSummary` (``source="simulate"``).
 
-    Model/hardware/precision/parallelism (tp, pp, ep; not dp: one engine) as `estimate`; load and workload as `speedlimit bench` (closed loop with
+    Model/hardware/precision/parallelism (tp, pp, ep; dp: independent replicas, `run_replicas`) as `estimate`; load and workload as `speedlimit bench` (closed loop with
     ``concurrency`` or open loop with ``rate``; ``requests`` or ``duration_s``; bench's length distributions or a
     dataset; ``seed``; ``prefix_tokens`` shared by every prompt, one text per ``prefix_groups``); the serving
     ``engine`` (a catalog/engines.toml profile: its step costs and scheduler defaults) and the scheduler's knobs

@@ -118,14 +118,16 @@ def _default_concurrency(engine: EngineConfig) -> list[float]:
 
 
 def _plan_requests(values: list[float], parameter: str, given: int | None, prompt: int, output: int,
-                   engine: EngineConfig, saturation_rate: float | None, sat_steps: float) -> tuple[int, float]:
-    """Requests per level that keep the call within the budgets, and the steps that is estimated to take."""
+                   engine: EngineConfig, saturation_rate: float | None, sat_steps: float,
+                   replicas: int = 1) -> tuple[int, float]:
+    """Requests per level that keep the call within the budgets, and the steps that is estimated to take (over all
+    ``replicas`` data-parallel replicas, each running its share of the clients)."""
     per_request = _per_request(prompt, output, engine)
     held = _slots_held(prompt, output, engine)
 
     def batch_at(value: float) -> float:  # the running batch this level keeps, roughly
         if parameter == "concurrency":
-            return max(1.0, min(value, held))
+            return max(1.0, min(value / replicas, held))
         share = value / saturation_rate if saturation_rate else 1.0
         return max(1.0, min(held, share * held))
 
@@ -175,12 +177,12 @@ def _command_line(body: Any, scenario: Any, parameter: str, values: list[float],
     flags = {"hardware": "-H", "profile": "--profile", "bandwidth": "--bandwidth", "flops": "--flops",
              "memory": "--memory", "weights": "--weights", "kv": "--kv", "compute": "--compute", "tp": "--tp",
              "threads": "--threads", "numa": "--numa",
-             "pp": "--pp", "ep": "--ep",
+             "pp": "--pp", "dp": "--dp", "ep": "--ep",
              "bw_efficiency": "--bw-efficiency", "flops_efficiency": "--flops-efficiency",
              "step_overhead_s": "--step-overhead"}
     for field, flag in flags.items():
         value = inputs.get(field)
-        if value is None or (field == "kv" and value == "fp16") or (field in ("tp", "pp", "ep") and value == 1):
+        if value is None or (field == "kv" and value == "fp16") or (field in ("tp", "pp", "dp", "ep") and value == 1):
             continue
         argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     if inputs.get("ideal"):
@@ -240,7 +242,8 @@ def simulate_view(body: Any, scenario: Any) -> dict[str, Any]:
         if max(values) > 100_000:
             raise SpeedlimitError("concurrency levels must be at most 100,000")
     plan = lambda levels: _plan_requests(levels, parameter, body.requests, planned, output, engine,  # noqa: E731
-                                         saturation["request_s"] if saturation else None, sat_steps)
+                                         saturation["request_s"] if saturation else None, sat_steps,
+                                         int(scenario.dp))
     left_out: list[float] = []
     if parameter == "rate" and body.values is None:
         for fractions in FEWER_RATE_FRACTIONS:  # long outputs on a slow engine: fewer levels, or it would not fit

@@ -1,0 +1,150 @@
+"""`simulate --dp N`: N independent engine replicas behind a round-robin front end, merged into one run in bench's
+terms (simulator/api.py: `replica_step`, `route_workload`, `run_replicas`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from speedlimit import simulate
+from speedlimit.cli import app
+from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator.api import step_model
+from speedlimit.simulator.api import (build_workload, engine_config, replica_step, route_workload, run_replicas,
+                                      run_workload)
+
+FIXED = dict(prompt_tokens=256, output_tokens=32, engine="vllm", max_seqs=8)
+
+
+def _latencies(records, key):
+    return sorted(getattr(r, key) for r in records)
+
+
+def test_a_replica_is_one_tp_group_with_the_dp_1_kv_cache_and_step_costs():
+    one = step_model("llama-3.1-70b", "h100-sxm", tp=4)
+    four = step_model("llama-3.1-70b", "h100-sxm", tp=4, dp=4)
+    replica, replicas = replica_step(four)
+    assert replicas == 4 and replica.machine == one.machine and replica.cost == one.cost
+    assert engine_config(step=four) == engine_config(step=one)  # each replica's own KV cache and scheduler
+    assert replica_step(one) == (one, 1)
+
+
+def test_dp_with_ep_is_refused_in_one_line():
+    step = step_model("mixtral-8x7b", "h200", dp=2, ep=2)
+    with pytest.raises(SpeedlimitError, match="expert-parallel group") as error:
+        engine_config(step=step)
+    assert "\n" not in str(error.value)
+
+
+def test_closed_loop_at_n_times_c_is_n_copies_of_one_engine_at_c():
+    one = simulate("llama-3.1-8b", "h100-sxm", concurrency=6, requests=60, **FIXED)
+    four = simulate("llama-3.1-8b", "h100-sxm", dp=4, concurrency=24, requests=240, **FIXED)
+    assert four.summary.completed == 240 and [r.index for r in four.records] == list(range(240))
+    for key in ("ttft_s", "e2e_s", "queue_s"):
+        assert _latencies(four.records, key) == sorted(_latencies(one.records, key) * 4)
+    assert sorted(x for r in four.records for x in r.itl_s) == sorted(x for r in one.records for x in r.itl_s * 4)
+    assert four.summary.duration_s == one.summary.duration_s
+    assert four.summary.output_tok_s == pytest.approx(4 * one.summary.output_tok_s, rel=1e-12)
+    assert four.summary.request_s == pytest.approx(4 * one.summary.request_s, rel=1e-12)
+    assert four.summary.ttft_s.mean == pytest.approx(one.summary.ttft_s.mean, rel=1e-12)
+    assert four.summary.tpot_s.mean == pytest.approx(one.summary.tpot_s.mean, rel=1e-12)
+    sim, base = four.summary.simulation, one.summary.simulation
+    assert sim["replicas"] == 4 and sim["replicas_with_requests"] == 4 and sim["routing"] == "round-robin"
+    assert sim["batch"]["mean"] == pytest.approx(base["batch"]["mean"]) and sim["steps"] == 4 * base["steps"]
+    assert [p["requests"] for p in sim["per_replica"]] == [60] * 4
+    assert sim["timeline"] == base["timeline"] and sim["kv"]["capacity_tokens"] == base["kv"]["capacity_tokens"]
+    assert four.summary.engine["dp"] == 4 and "dp" not in one.summary.engine
+
+
+def test_each_replica_runs_exactly_its_routed_share():
+    """Random lengths and shared prefixes: replica r's records are those of one engine running its round-robin share
+    (requests r, r + N, …), with the request indices of the whole run."""
+    step = step_model("llama-3.1-8b", "h100-sxm", dp=3, engine="vllm")
+    replica, _ = replica_step(step)
+    engine = engine_config(step=step, max_seqs=4)
+    workload = build_workload(concurrency=7, requests=50, prompt_tokens="uniform:16:900", output_tokens="uniform:2:40",
+                              seed=5, prefix_tokens=64, prefix_groups=3)
+    merged = run_replicas(step, engine, workload)
+    shares = route_workload(workload, 3)
+    assert [s.concurrency for s in shares] == [3, 2, 2] and [s.requests for s in shares] == [17, 17, 16]
+    for r, share in enumerate(shares):
+        alone = run_workload(replica, engine, share).records
+        ours = [rec for rec in merged.records if rec.index % 3 == r]
+        assert [rec.index for rec in ours] == [3 * j + r for j in range(len(alone))]
+        assert [(a.ttft_s, a.e2e_s, a.itl_s, a.prompt_tokens, a.output_tokens) for a in alone] == \
+               [(o.ttft_s, o.e2e_s, o.itl_s, o.prompt_tokens, o.output_tokens) for o in ours]
+    # request i keeps the lengths one engine would give it
+    single = build_workload(concurrency=7, requests=50, prompt_tokens="uniform:16:900", output_tokens="uniform:2:40",
+                            seed=5, prefix_tokens=64, prefix_groups=3)
+    pool = len(single.prompts)
+    assert [r.prompt_tokens for r in merged.records] == [single.prompts[i % pool] for i in range(50)]
+
+
+def test_open_loop_rate_r_over_n_replicas_is_each_at_r_over_n():
+    """Rate R dealt round-robin over N replicas: each replica gets every N-th Poisson arrival, gaps Erlang-N (gamma
+    shape N: bench's burstiness N), steadier than Poisson at R/N, so it queues no more than one engine at R/N."""
+    four = simulate("llama-3.1-8b", "l4", dp=4, rate=8.0, requests=1200, seed=1, **FIXED)
+    one = simulate("llama-3.1-8b", "l4", rate=2.0, requests=300, seed=1, **FIXED)
+    steady = simulate("llama-3.1-8b", "l4", rate=2.0, burstiness=4.0, requests=300, seed=1, **FIXED)
+    assert four.summary.completed == 1200 and [r.index for r in four.records] == list(range(1200))
+    assert four.summary.output_tok_s == pytest.approx(4 * steady.summary.output_tok_s, rel=0.1)
+    assert four.summary.output_tok_s == pytest.approx(4 * one.summary.output_tok_s, rel=0.15)
+    assert four.summary.tpot_s.mean == pytest.approx(one.summary.tpot_s.mean, rel=0.05)
+    assert four.summary.ttft_s.mean == pytest.approx(steady.summary.ttft_s.mean, rel=0.1)
+    assert four.summary.ttft_s.mean <= one.summary.ttft_s.mean
+    sim = four.summary.simulation
+    assert [p["requests"] for p in sim["per_replica"]] == [300] * 4
+    assert sim["saturation_request_s"] == pytest.approx(4 * one.summary.simulation["saturation_request_s"])
+    assert sim["saturated"] is False
+
+
+def test_duration_runs_number_their_requests_contiguously():
+    closed = simulate("llama-3.1-8b", "h100-sxm", dp=3, concurrency=5, duration_s=2.0, **FIXED)
+    opened = simulate("llama-3.1-8b", "h100-sxm", dp=3, rate=20.0, duration_s=3.0, **FIXED)
+    for run in (closed, opened):
+        assert [r.index for r in run.records] == list(range(len(run.records))) and run.summary.completed > 3
+
+
+def test_fewer_requests_or_clients_than_replicas_leave_replicas_idle():
+    run = simulate("llama-3.1-8b", "h100-sxm", dp=8, concurrency=3, requests=5, **FIXED)
+    sim = run.summary.simulation
+    assert sim["replicas"] == 8 and sim["replicas_with_requests"] == 3 and run.summary.completed == 5
+    assert [p["requests"] for p in sim["per_replica"]] == [2, 2, 1]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dp=st.integers(1, 4), closed=st.booleans(), load=st.integers(1, 9), requests=st.integers(1, 14),
+       lengths=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 30)), min_size=1, max_size=5),
+       max_seqs=st.integers(1, 4), kv_tokens=st.sampled_from([None, 400, 2000]))
+def test_every_request_completes_exactly_once(dp, closed, load, requests, lengths, max_seqs, kv_tokens):
+    step = step_model("llama-3.1-8b", "h100-sxm", dp=dp)
+    engine = engine_config("continuous", step=step, max_seqs=max_seqs, max_batched_tokens=512, kv_tokens=kv_tokens)
+    workload = build_workload(concurrency=load if closed else None, rate=None if closed else 5.0 * load,
+                              requests=requests, seed=load)
+    workload.prompts, workload.outputs = [p for p, _ in lengths], [o for _, o in lengths]
+    result = run_workload(step, engine, workload)
+    assert [r.index for r in result.records] == list(range(requests)) and result.summary.completed == requests
+    pool = len(lengths)
+    assert [(r.prompt_tokens, r.output_tokens) for r in result.records] == [lengths[i % pool] for i in range(requests)]
+    assert all(0 < r.ttft_s <= r.e2e_s and len(r.itl_s) == r.output_tokens - 1 for r in result.records)
+    if dp > 1:
+        sim = result.summary.simulation
+        assert sum(p["requests"] for p in sim["per_replica"]) == requests
+        assert sim["replicas"] == dp and sim["replicas_with_requests"] == min(dp, requests, load if closed else dp)
+    else:
+        assert "replicas" not in result.summary.simulation
+
+
+def test_cli_json_shows_the_replicas():
+    done = CliRunner().invoke(app, ["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--dp", "2", "--concurrency",
+                                    "4", "--requests", "8", "--json"])
+    assert done.exit_code == 0, done.output
+    data = json.loads(done.output)
+    assert data["simulation"]["replicas"] == 2 and data["engine"]["dp"] == 2 and data["completed"] == 8
+    table = CliRunner().invoke(app, ["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--dp", "2",
+                                     "--requests", "8"], terminal_width=200)
+    assert table.exit_code == 0 and "data-parallel replicas" in table.output, table.output
