@@ -148,3 +148,18 @@ def test_cli_json_shows_the_replicas():
     table = CliRunner().invoke(app, ["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--dp", "2",
                                      "--requests", "8"], terminal_width=200)
     assert table.exit_code == 0 and "data-parallel replicas" in table.output, table.output
+
+
+def test_a_replicated_run_makes_bench_files_and_a_report(tmp_path):
+    """Files, timeline and plots that assume one engine read a replicated run (its timeline is replica 0's)."""
+    run = tmp_path / "run"
+    done = CliRunner().invoke(app, ["simulate", "-m", "smollm2-135m", "-H", "h100-sxm", "--dp", "3", "--concurrency",
+                                    "5", "--requests", "20", "--out", str(run)])
+    assert done.exit_code == 0, done.output
+    lines = (run / "requests.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["index"] for line in lines) == list(range(20))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["simulation"]["timeline_replica"] == 0 and len(summary["simulation"]["per_replica"]) == 3
+    report = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "report")])
+    assert report.exit_code == 0, report.output
+    assert (tmp_path / "report" / "timeline.png").exists()
