@@ -210,11 +210,15 @@ def write_gguf(path: Path, metadata: dict[str, tuple[str, object]], arch: str = 
 GOOD_GGUF = {"block_count": ("add_uint32", 1), "embedding_length": ("add_uint32", 8), "attention.head_count": ("add_uint32", 2)}
 
 
+MACHINE = {"cpu": "Test CPU", "cores": 2, "memory_bytes": 24e9}
+LAYOUT = {"sockets": 1, "numa_nodes_per_socket": 1, "cores_per_socket": 2, "threads_per_core": 1, "detected": True}
+
+
 def verify_result(**changes: object) -> dict:
     """A minimal verify result calibrate accepts (2 threads, two decode contexts, one prefill)."""
     result = {
         "schema": "speedlimit.verify/1", "complete": True, "threads": 2,
-        "machine": {"cpu": "Test CPU", "cores": 2, "memory_bytes": 24e9},
+        "machine": dict(MACHINE),
         "measured_bandwidth_Bps": 20e9, "measured_flops": 100e9,
         "decode": [{"kind": "context", "threads": 2, "context_start": c, "tok_s": 100.0 - c / 100,
                     "bytes_per_token": 100e6 + 23e3 * c, "flops_per_token": 0.02e9} for c in (128, 1024, 4096)],
@@ -334,6 +338,16 @@ def test_serve_bad_flags(port: object, host: str) -> None:
     JSON_VALUES))
 def test_calibrate_any_json(isolated: Path, result: object) -> None:
     path = write_config(isolated / "results.json", result)
+    check(invoke("calibrate", str(path), "--json"))
+
+
+@FUZZ
+@given(key=st.sampled_from([*LAYOUT, "source", "notes"]), value=JSON_VALUES,
+       nodes=st.integers(-1, 70), sockets=st.integers(-1, 70))
+def test_calibrate_any_layout(isolated: Path, key: str, value: object, nodes: int, sockets: int) -> None:
+    """A verify result whose detected layout is hostile: a fit and a profile, or one error line (exit 2)."""
+    layout = {**LAYOUT, "sockets": sockets, "numa_nodes_per_socket": nodes, "cores_per_socket": 2 * max(nodes, 1), key: value}
+    path = write_config(isolated / "results.json", verify_result(machine={**MACHINE, "layout": layout}))
     check(invoke("calibrate", str(path), "--json"))
 
 
@@ -460,6 +474,16 @@ CALIBRATE_REPROS = {
     "bytes_per_token negative": verify_result(decode=[{"threads": 2, "tok_s": 10.0, "bytes_per_token": -5, "flops_per_token": 1.0}]),
     "machine as a string": verify_result(machine="a laptop"),
     "prefill rows not objects": verify_result(prefill=[1, 2]),
+    "layout as a string": verify_result(machine={**MACHINE, "layout": "2 sockets"}),
+    "layout without cores": verify_result(machine={**MACHINE, "layout": {"sockets": 2, "detected": True}}),
+    "layout with 0 sockets": verify_result(machine={**MACHINE, "layout": {**LAYOUT, "sockets": 0}}),
+    "layout sockets as words": verify_result(machine={**MACHINE, "layout": {**LAYOUT, "sockets": "two"}}),
+    "layout with 100 threads per core": verify_result(machine={**MACHINE, "layout": {**LAYOUT, "threads_per_core": 100}}),
+    "layout cores that do not split into its nodes": verify_result(machine={**MACHINE, "layout": {**LAYOUT, "numa_nodes_per_socket": 4, "cores_per_socket": 6}}),
+    "layout of 2**70 cores": verify_result(machine={**MACHINE, "layout": {**LAYOUT, "cores_per_socket": 2**70}}),
+    "layout notes not a list": verify_result(machine={**MACHINE, "layout": {**LAYOUT, "notes": 7}}),
+    "layout of 4096 nodes at 1 TB/s each": verify_result(measured_bandwidth_Bps=1e12, machine={**MACHINE, "layout": {
+        **LAYOUT, "sockets": 64, "numa_nodes_per_socket": 64, "cores_per_socket": 64}}),
     "bench points not objects": {"points": [1, "two", None]},
     "itl_s as a number": bench_summary(itl_s=0.02),
     "estimate as a list": bench_summary(estimate=[1, 2]),

@@ -34,6 +34,9 @@ BANDWIDTH_RANGE_BPS = (1e6, 1e15)  # 1 MB/s .. 1 PB/s
 FLOPS_RANGE = (1e6, 1e18)  # 1 MFLOP/s .. 1 EFLOP/s
 MEMORY_RANGE_BYTES = (1e6, 1e15)  # 1 MB .. 1 PB
 MAX_CORES = 4096  # cores in one socket (today's largest have a few hundred)
+MAX_SOCKETS = 64
+MAX_NODES_PER_SOCKET = 64
+MAX_THREADS_PER_CORE = 8
 #: How llama.cpp places threads and weights over NUMA nodes (its --numa flag; "none" when not given).
 NUMA_POLICIES = ("none", "distribute", "isolate")
 
@@ -111,10 +114,10 @@ class Hardware(BaseModel):
     calibrated_from: list[str] = Field(default_factory=list)
     # CPUs only (None elsewhere): the memory layout one process's threads see. memory_bandwidth_Bps is the whole
     # machine's (all sockets summed); each NUMA node holds an equal share of it and of the cores.
-    sockets: int | None = Field(None, ge=1, le=64)
-    numa_nodes_per_socket: int | None = Field(None, ge=1, le=64)
+    sockets: int | None = Field(None, ge=1, le=MAX_SOCKETS)
+    numa_nodes_per_socket: int | None = Field(None, ge=1, le=MAX_NODES_PER_SOCKET)
     cores_per_socket: int | None = Field(None, ge=1, le=MAX_CORES)
-    threads_per_core: int | None = Field(None, ge=1, le=8)
+    threads_per_core: int | None = Field(None, ge=1, le=MAX_THREADS_PER_CORE)
     memory_channels_per_socket: int | None = Field(None, ge=1, le=64)
     per_core_bandwidth_Bps: float | None = None  # what one core alone streams from DRAM (achievable, measured)
     socket_link_Bps: float | None = None  # per direction, between two sockets (all links together)

@@ -78,6 +78,10 @@ def render_verify(console: Console, result: VerifyResult) -> None:
     console.print(bw)
     console.print(f"[dim]bandwidth counted as STREAM does (no write-allocate); roofline uses "
                   f"{_gb(result.measured_bandwidth_Bps)} GB/s = {result.bandwidth.basis}[/dim]")
+    if machine.layout is not None:
+        console.print(f"CPU layout: {escape(machine.layout.describe())} [dim]({escape(machine.layout.source)})[/dim]")
+        for note in machine.layout.notes:
+            console.print(f"[yellow]note:[/yellow] {escape(note)}")
 
     threads = result.threads
     settings = result.settings
@@ -262,7 +266,7 @@ def calibrate_command(
     from speedlimit.catalog import default_efficiency, resolve_hardware
     from speedlimit.catalog.profiles import profile_path, profiles_dir, save_profile
     from speedlimit.estimator.api import bandwidth_reach
-    from speedlimit.verify.fit import fit_calibration, load_calibration_inputs, profile_record
+    from speedlimit.verify.fit import LAYOUT_FIELDS, fit_calibration, load_calibration_inputs, profile_record
 
     profile_path(name)  # validate the name before any work
     if out is not None and out.is_dir():
@@ -299,6 +303,7 @@ def calibrate_command(
     if json_output:
         payload = {"profile": name, "path": str(path) if path else None, "saved": path is not None,
                    "base_hardware": base.key, "bandwidth_Bps": base.memory_bandwidth_Bps,
+                   "layout": {field: getattr(base, field) for field in LAYOUT_FIELDS} if base.topology else None,
                    "flops": fit.flops if fit.flops and math.isfinite(fit.flops) else None, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
                    "step_overhead_s": fit.step_overhead_s, "error_before": fit.error_before, "error_after": fit.error_after,
                    "default_efficiency": fit.before.model_dump(), "points": len(fit.points),

@@ -2,7 +2,8 @@
 
 Also reads its inputs (`load_calibration_inputs`: verify results, bench summaries) and builds the profile
 record that `speedlimit.catalog.profiles.save_profile` stores, with the CPU layout the profile's machine has (a
-verify run's: its thread count and its 1-thread bandwidth, `measured_layout`), so that `--threads` prices it.
+verify run's: the sockets, NUMA nodes, cores and threads per core it detected and its 1-thread bandwidth,
+`measured_machine`), so that `--threads` and `--numa` price it.
 """
 
 from __future__ import annotations
@@ -287,15 +288,8 @@ def load_calibration_inputs(paths: list[Path]) -> tuple[list[CalibrationPoint], 
             if not result.complete:
                 notes.append(f"{path} is an incomplete verify run: using the {len(found)} points it has")
             if measured is None and result.measured_bandwidth_Bps:
-                try:
-                    measured = Hardware(
-                        key="this-machine", name=f"{result.machine.cpu or 'this machine'} (measured)",
-                        vendor="measured", kind="cpu", memory_bandwidth_Bps=result.measured_bandwidth_Bps,
-                        memory_bytes=result.machine.memory_bytes,
-                        flops={"fp32": result.measured_flops} if result.measured_flops else {},
-                        source=f"speedlimit verify ({path})", **measured_layout(result))
-                except ValidationError as error:
-                    raise SpeedlimitError(f"{path}: the measured machine is unusable ({pydantic_message(error)})") from None
+                measured, layout_notes = measured_machine(result, str(path))
+                notes += layout_notes
         elif "estimate" in data or "points" in data or "itl_s" in data:
             found, hardware = points_from_bench(load_summary_data(data, str(path)), str(path))
             bench_hardware = bench_hardware or hardware
@@ -307,20 +301,53 @@ def load_calibration_inputs(paths: list[Path]) -> tuple[list[CalibrationPoint], 
     return points, measured, bench_hardware, notes
 
 
-def measured_layout(result: VerifyResult) -> dict[str, Any]:
-    """The CPU layout a verify run measured: its bandwidth threads as one socket's cores, and one thread's bandwidth.
+def measured_machine(result: VerifyResult, source: str) -> tuple[Hardware, list[str]]:
+    """The machine a verify run measured, as the profile's base hardware; and notes on what its layout rests on.
 
-    verify streams arrays that one thread allocated (first touch on one NUMA node) with all its threads, so its
-    all-thread figure is what llama.cpp without --numa reaches: the machine counts as one socket and node, with as
-    many cores as threads measured (logical CPUs where SMT is on: the measurement ran on them). Without a 1-thread
-    figure (``--no-single-thread``) there is no per-core bandwidth and threads only scale FLOP/s.
+    verify streams arrays that one thread allocated (first touch puts every page on that thread's NUMA node) with
+    all its threads, so its all-thread figure is ONE node's bandwidth as llama.cpp without --numa reaches it, and its
+    1-thread figure one core's (`per_core_bandwidth_Bps`). With the layout verify detected (`CpuLayout`), every
+    node is taken to stream what the measured one did: the machine's ``memory_bandwidth_Bps`` is the measured figure
+    × its NUMA nodes, which no run measured (``--numa distribute`` prices it; without --numa and with --numa isolate
+    the estimate stays on the measured node). Where verify could not read the layout, or predates reading it, the
+    machine counts as one socket and node with as many cores as threads measured (logical CPUs where SMT is on: the
+    measurement ran on them). Without a 1-thread figure (``--no-single-thread``) there is no per-core bandwidth and
+    threads only scale FLOP/s. No socket-link figure is measured, so none bounds remote reads.
     """
     threads = result.settings.threads if result.settings else result.threads
-    if not threads:
-        return {}
     single = result.bandwidth.single_thread_Bps if result.bandwidth else None
-    return {"sockets": 1, "numa_nodes_per_socket": 1, "cores_per_socket": int(threads), "threads_per_core": 1,
-            "per_core_bandwidth_Bps": single}
+    measured_Bps = float(result.measured_bandwidth_Bps or 0.0)
+    layout, notes = result.machine.layout, []
+    fields: dict[str, Any] = {}
+    nodes = 1
+    if layout is not None and layout.detected:
+        fields = {**layout.hardware_fields(), "per_core_bandwidth_Bps": single}
+        nodes = layout.numa_nodes
+        described = layout.describe()
+    else:
+        described = "one socket, one NUMA node (assumed)"
+        why = "verify could not read the CPU layout" if layout is not None else "the verify result predates CPU layout detection"
+        if threads:
+            fields = {"sockets": 1, "numa_nodes_per_socket": 1, "cores_per_socket": int(threads), "threads_per_core": 1,
+                      "per_core_bandwidth_Bps": single}
+            notes.append(f"{source}: {why}, so the machine counts as one socket and one NUMA node with {threads} cores")
+    basis = (f"memory_bandwidth_Bps: {measured_Bps / 1e9:.4g} GB/s measured by verify with {threads or '?'} threads on "
+             "arrays one thread allocated")
+    if nodes > 1:
+        basis += (f", so on one NUMA node; the {nodes} nodes are each taken to stream as much "
+                  f"({nodes} × {measured_Bps / 1e9:.4g} = {nodes * measured_Bps / 1e9:.4g} GB/s, not measured)")
+        notes.append(f"{basis}: --numa distribute prices that extrapolation; without --numa the estimate is the measured node")
+    basis += f"; layout: {described}"
+    try:
+        hardware = Hardware(
+            key="this-machine", name=f"{result.machine.cpu or 'this machine'} (measured)",
+            vendor="measured", kind="cpu", memory_bandwidth_Bps=measured_Bps * nodes,
+            memory_bytes=result.machine.memory_bytes,
+            flops={"fp32": result.measured_flops} if result.measured_flops else {},
+            source=f"speedlimit verify ({source})", notes=basis, **fields)
+    except ValidationError as error:
+        raise SpeedlimitError(f"{source}: the measured machine is unusable ({pydantic_message(error)})") from None
+    return hardware, notes
 
 
 #: The CPU layout fields a profile carries over from the hardware it was calibrated on.
@@ -348,6 +375,7 @@ def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list
         "fit_error_before": fit.error_before["all"],
         "fit_error_after": fit.error_after["all"],
         **{field: getattr(base, field) for field in LAYOUT_FIELDS},
+        "notes": base.notes or None,
         "flops": dict(base.flops),
     }
 

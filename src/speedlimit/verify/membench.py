@@ -41,6 +41,14 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def allowed_cpus() -> set[int] | None:
+    """The logical CPUs this process may run on (its affinity mask); None where the OS does not say."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+
+
 def machine_memory_bytes() -> float | None:
     """Physical RAM in bytes (None where the OS does not say)."""
     try:

@@ -1,7 +1,8 @@
 """Orchestration of `speedlimit verify`: measure the machine, time the real engine, predict, compare.
 
 `run_verify` returns (and, with ``out``, keeps writing after every stage) one JSON-ready dict: the machine's
-measured bandwidth and FLOP/s, the engine/model details, every timed prefill and decode point, and for each
+measured bandwidth and FLOP/s, its CPU layout (sockets, NUMA nodes, cores, threads per core:
+`speedlimit.verify.topology.detect_layout`), the engine/model details, every timed prefill and decode point, and for each
 point the estimator's prediction on the *measured* hardware twice: with the default efficiencies for a CPU
 (what ``speedlimit estimate`` would say) and at the roofline limit (100 % of measured bandwidth/FLOPs, no
 per-step overhead). ``efficiency`` = measured ÷ roofline limit. Headline keys sit at the top level
@@ -35,6 +36,7 @@ from speedlimit.estimator.api import Estimate, cost_model, estimate
 from speedlimit.hardware import Hardware
 from speedlimit.precision import parse_precision
 from speedlimit.verify import membench
+from speedlimit.verify.topology import CpuLayout, detect_layout
 
 MIB = 1024 * 1024
 NOISY_SPREAD = 1.5  # fastest run more than 1.5x the slowest: other load disturbed the measurement
@@ -128,8 +130,9 @@ class _Stop(Exception):
 
 class MachineInfo(BaseModel):
     cpu: str = ""
-    cores: int = 1
+    cores: int = 1  # logical CPUs this process may run on
     memory_bytes: float | None = None
+    layout: CpuLayout | None = None  # sockets, NUMA nodes, cores, threads per core (None: verify before detection)
     load_average_start: list[float] | None = None
     load_average_end: list[float] | None = None
 
@@ -393,6 +396,7 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
         started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         settings=settings,
         machine=MachineInfo(cpu=membench.cpu_model_name(), cores=cores, memory_bytes=memory_bytes,
+                            layout=detect_layout(allowed=membench.allowed_cpus()),
                             load_average_start=list(os.getloadavg()) if hasattr(os, "getloadavg") else None),
         model=model,
     )
