@@ -76,6 +76,9 @@ def test_two_sockets_are_stored_and_priced(tmp_path: Path) -> None:
     assert fit["bw_efficiency"] == pytest.approx(0.45, rel=1e-6)  # fitted on the measured node's figure
     assert fit["layout"]["sockets"] == 2 and fit["layout"]["cores_per_socket"] == 4
     assert any("not measured" in note for note in fit["notes"])
+    text = invoke("calibrate", str(path), "--name", "twosocket-text")
+    assert text.code == 0, text.err
+    assert "CPU layout: 2 sockets × 1 NUMA node, 4 cores per socket, 2 threads per core, 6.00 GB/s per core" in text.out
     profile = load_profile_hardware("twosocket")
     assert (profile.sockets, profile.numa_nodes_per_socket, profile.cores_per_socket, profile.threads_per_core) == (2, 1, 4, 2)
     assert "one NUMA node" in profile.notes and "not measured" in profile.notes

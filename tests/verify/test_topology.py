@@ -135,6 +135,13 @@ def test_uneven_cores_per_node_are_rounded_to_a_multiple(tmp_path: Path) -> None
     assert any("do not split evenly" in note for note in layout.notes)
 
 
+def test_nodes_with_different_core_counts_are_split_evenly_with_a_note(tmp_path: Path) -> None:
+    root = fake_sysfs(tmp_path, {cpu: (0, cpu, str(cpu)) for cpu in range(8)}, {0: "0-5", 1: "6-7"})
+    layout = detect_layout(root)
+    assert layout_tuple(layout) == (1, 2, 8, 1, True)
+    assert layout.notes == ["the NUMA nodes hold 2 to 6 cores: counted as an even split"]
+
+
 BROKEN = {
     "no cpu directory (not Linux)": ("devices/system/cpu", "rmtree"),
     "online missing": ("devices/system/cpu/online", "unlink"),

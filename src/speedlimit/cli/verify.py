@@ -350,6 +350,13 @@ def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
     for kind in ("decode", "prefill", "all"):
         fields.add_row(f"mean |error| {kind}", _pct(fit.error_before[kind]), _pct(fit.error_after[kind]))
     console.print(fields)
+    layout = base.topology
+    if layout is not None:
+        per_core = f", {_gb(layout.per_core_Bps)} GB/s per core" if math.isfinite(layout.per_core_Bps) else ""
+        console.print(f"CPU layout: {layout.sockets} socket{'s' if layout.sockets > 1 else ''} × "
+                      f"{layout.nodes_per_socket} NUMA node{'s' if layout.nodes_per_socket > 1 else ''}, "
+                      f"{layout.cores_per_socket} cores per socket, {layout.threads_per_core} thread"
+                      f"{'s' if layout.threads_per_core > 1 else ''} per core{per_core}", highlight=False, soft_wrap=True)
     for note in fit.notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
 

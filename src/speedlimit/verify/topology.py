@@ -148,6 +148,10 @@ def layout_from_cpus(cpus: dict[int, CpuRecord], source: str, notes: list[str] |
     if per_socket_cores != exact:
         notes.append(f"{len(cores)} cores do not split evenly over {sockets} socket{'s' if sockets > 1 else ''} × "
                      f"{per_socket} NUMA node{'s' if per_socket > 1 else ''}: counted as {per_socket_cores} per socket")
+    elif known_nodes and len(nodes) > 1:
+        core_counts = sorted(len({r.core for r in cpus.values() if r.node == node}) for node in nodes)
+        if core_counts[0] != core_counts[-1]:
+            notes.append(f"the NUMA nodes hold {core_counts[0]} to {core_counts[-1]} cores: counted as an even split")
     threads = len(cpus) / len(cores)
     per_core = min(MAX_THREADS_PER_CORE, max(1, round(threads)))
     if per_core != threads:
