@@ -18,14 +18,14 @@ from tests.verify.test_topology import one_socket, two_sockets_smt
 SINGLE_BPS = 0.3 * BANDWIDTH  # what one thread streams
 
 
-def verify_file(path: Path, layout: CpuLayout | None, threads: int = 2) -> Path:
+def verify_file(path: Path, layout: CpuLayout | None, threads: int = 2, single_Bps: float = SINGLE_BPS) -> Path:
     """A verify result at ``threads`` threads (a 1-thread bandwidth too), with ``layout`` (None: a file from before
     detection)."""
     result = verify_result(synthetic_points(0.45, 0.35, 0.003))
     result["threads"] = threads
     for row in result["decode"] + result["prefill"]:
         row["threads"] = threads if row["threads"] == 2 else row["threads"]
-    result["bandwidth"] = {"single_thread_Bps": SINGLE_BPS}
+    result["bandwidth"] = {"single_thread_Bps": single_Bps}
     result["machine"]["cores"] = threads
     if layout is not None:
         result["machine"]["layout"] = layout.model_dump()
@@ -102,3 +102,15 @@ def test_a_fallback_layout_counts_as_before(tmp_path: Path) -> None:
     assert (measured.sockets, measured.numa_nodes_per_socket, measured.cores_per_socket, measured.threads_per_core) == (1, 1, 2, 1)
     assert measured.memory_bandwidth_Bps == BANDWIDTH
     assert any("could not read the CPU layout" in note for note in notes)
+
+
+def test_smt_threads_that_stream_more_than_their_cores_raise_the_per_core_figure(tmp_path: Path) -> None:
+    """8 cores × 0.1 BW alone < the BW that 16 SMT threads reached: per-core bandwidth becomes BW / 8 (with a note), so
+    the default estimate reaches what verify measured, not less."""
+    layout = detect_layout(two_sockets_smt(tmp_path / "sys"))
+    path = verify_file(tmp_path / "verify.json", layout, threads=16, single_Bps=0.1 * BANDWIDTH)
+    _, measured, _, notes = load_calibration_inputs([path])
+    assert measured.per_core_bandwidth_Bps == pytest.approx(BANDWIDTH / 8)
+    assert any("SMT threads add bandwidth" in note for note in notes)
+    assert calibrate(path, "smt")["bw_efficiency"] == pytest.approx(0.45, rel=1e-6)
+    assert estimate("smollm2-135m", "smt").reached_bandwidth_Bps == pytest.approx(BANDWIDTH)

@@ -312,7 +312,10 @@ def measured_machine(result: VerifyResult, source: str) -> tuple[Hardware, list[
     the estimate stays on the measured node). Where verify could not read the layout, or predates reading it, the
     machine counts as one socket and node with as many cores as threads measured (logical CPUs where SMT is on: the
     measurement ran on them). Without a 1-thread figure (``--no-single-thread``) there is no per-core bandwidth and
-    threads only scale FLOP/s. No socket-link figure is measured, so none bounds remote reads.
+    threads only scale FLOP/s. Where verify ran more threads than physical cores (SMT) and they streamed more than
+    cores × the 1-thread figure, the per-core figure is raised to all-thread ÷ cores (a note says so), so llama.cpp's
+    default threads are not priced below what verify measured. No socket-link figure is measured, so none bounds
+    remote reads.
     """
     threads = result.settings.threads if result.settings else result.threads
     single = result.bandwidth.single_thread_Bps if result.bandwidth else None
@@ -321,9 +324,17 @@ def measured_machine(result: VerifyResult, source: str) -> tuple[Hardware, list[
     fields: dict[str, Any] = {}
     nodes = 1
     if layout is not None and layout.detected:
-        fields = {**layout.hardware_fields(), "per_core_bandwidth_Bps": single}
         nodes = layout.numa_nodes
         described = layout.describe()
+        cores = layout.cores
+        if single and threads and threads > cores and single * cores < measured_Bps:
+            # more threads than cores (SMT) streamed more than the cores' 1-thread figure allows: the per-core bound
+            # must not price the measured all-thread run below what it reached
+            notes.append(f"{source}: {cores} cores × the 1-thread {single / 1e9:.4g} GB/s is less than the "
+                         f"{measured_Bps / 1e9:.4g} GB/s all {threads} threads reached (SMT threads add bandwidth): "
+                         f"per-core bandwidth taken as {measured_Bps / 1e9:.4g} / {cores} = {measured_Bps / cores / 1e9:.4g} GB/s")
+            single = measured_Bps / cores
+        fields = {**layout.hardware_fields(), "per_core_bandwidth_Bps": single}
     else:
         described = "one socket, one NUMA node (assumed)"
         why = "verify could not read the CPU layout" if layout is not None else "the verify result predates CPU layout detection"
