@@ -77,6 +77,11 @@ class Workload:
                         requests=self.requests, duration_s=self.duration_s, trace=self.trace,
                         time_scale=self.time_scale)
 
+    def prefix_args(self) -> dict[str, Any]:
+        """What the engine core needs to know of the shared prefixes (`engine.run`'s keyword arguments)."""
+        return {"prefix_group": self.prefix_group, "shared_tokens": self.shared_tokens,
+                "group_parent": self.prefix_parent}
+
 
 @dataclass
 class Simulation:
@@ -353,8 +358,7 @@ def run_workload(step: StepModel, engine: EngineConfig, workload: Workload, slo:
     try:
         raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, arrivals=workload.arrivals,
                   concurrency=workload.concurrency, requests=workload.requests, duration_s=workload.duration_s,
-                  prefix_group=workload.prefix_group, shared_tokens=workload.shared_tokens,
-                  group_parent=workload.prefix_parent)
+                  **workload.prefix_args())
         records = build_records(raw)
     finally:
         if collecting:
@@ -424,8 +428,7 @@ def saturation_point(step: StepModel, engine: EngineConfig, workload: Workload,
     low, high = SATURATION_REQUESTS
     n = int(min(high, max(low, 6 * slots))) if requests is None else _whole("requests", requests, 1, MAX_REQUESTS)
     raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, concurrency=slots, requests=n,
-              prefix_group=workload.prefix_group, shared_tokens=workload.shared_tokens,
-              group_parent=workload.prefix_parent)
+              **workload.prefix_args())
     ends = sorted(raw.end_times[s] for s in raw.last_step)
     a, b = int(0.2 * len(ends)), int(0.8 * len(ends)) - 1
     if b <= a or ends[b] <= ends[a]:
@@ -583,8 +586,7 @@ def run_replicas(step: StepModel, engine: EngineConfig, workload: Workload, slo:
     try:
         raws = [run(one.cost, one.machine, engine, share.prompts, share.outputs, arrivals=share.arrivals,
                     concurrency=share.concurrency, requests=share.requests, duration_s=share.duration_s,
-                    prefix_group=share.prefix_group, shared_tokens=share.shared_tokens,
-                    group_parent=share.prefix_parent) for share in shares]
+                    **share.prefix_args()) for share in shares]
         busy = len(raws)
         routed = sorted(j * busy + r for r, raw in enumerate(raws) for j in range(raw.n))
         rank = {g: k for k, g in enumerate(routed)} if routed[-1] != len(routed) - 1 else None  # gaps: renumber
