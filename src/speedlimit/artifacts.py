@@ -129,7 +129,7 @@ class RequestRecord(BaseModel):
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     output_chunks: int = 0
-    token_count_source: str = "chunks"  # usage | tokenizer | chunks | simulated
+    token_count_source: str = "chunks"  # usage | tokenizer | max_tokens | chunks | simulated
     prompt_token_source: str = "unknown"  # usage | tokenizer | words | unknown | simulated
     http_status: int | None = None
     error_kind: str | None = None

@@ -106,7 +106,15 @@ async def test_healthy_stream_uses_usage_when_asked_and_chunks_otherwise(faulty_
     assert with_usage.output_chunks == 12 and len(with_usage.itl_s) == 11
     assert with_usage.finish_reason == "length"
     without = await one(faulty_server.url("nousage"), api=api, max_tokens=5)
-    assert without.ok and without.output_tokens == 5 and without.token_count_source == "chunks"
+    # no usage, but a 'length' finish after max_tokens chunks: each chunk is one token, the count is exact
+    assert without.ok and without.output_tokens == 5 and without.finish_reason == "length"
+    assert without.token_count_source == "max_tokens"
+
+
+async def test_fewer_chunks_than_max_tokens_are_only_a_chunk_count(faulty_server):
+    record = await one(faulty_server.url("multi-4"), max_tokens=16)  # 4 tokens per chunk, no usage
+    assert record.ok and record.finish_reason == "length" and record.output_chunks == 4
+    assert record.output_tokens == 4 and record.token_count_source == "chunks"
 
 
 async def test_mixed_faults_run_continues_and_writes_every_row(faulty_server, tmp_path):

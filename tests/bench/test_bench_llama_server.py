@@ -96,6 +96,25 @@ async def test_forced_chat_has_exactly_max_tokens(llama_cpp_server):
         assert record.output_tokens == 9 and record.finish_reason == "length"
 
 
+def prompt_tokens_evaluated(server) -> float:
+    """Prompt tokens the server has run through the model (a prefix-cache hit is not evaluated again)."""
+    return prometheus_value(get(server.root_url + "/metrics")[1], "llamacpp:prompt_tokens_total")
+
+
+async def test_sweep_levels_send_prompts_the_prefix_cache_has_not_seen(llama_cpp_server, tmp_path):
+    # llama-server keeps each slot's last prompt and reuses its longest common prefix (cache_prompt, on by default):
+    # if every level sent the same seeded prompts, levels after the first would evaluate ~1 token per request and
+    # their TTFTs would be cache hits. The server's own counter says what it evaluated.
+    evaluated_before = prompt_tokens_evaluated(llama_cpp_server)
+    async with runner_for(llama_cpp_server, output=4, seed=7) as runner:
+        summary = await runner.sweep("concurrency", [1.0, 2.0, 4.0], LoadPlan(concurrency=1, requests=4), tmp_path)
+    assert [p.completed for p in summary.points] == [4, 4, 4]
+    sent = sum(p.prompt_tokens for p in summary.points)
+    evaluated = prompt_tokens_evaluated(llama_cpp_server) - evaluated_before
+    # synthetic prompts of random words share at most a first word; the old same-prompts sweep evaluated ~1/3 of this
+    assert evaluated >= 0.9 * sent, (evaluated, sent)
+
+
 def test_metrics_and_slots_are_served(llama_cpp_server):
     status, text = get(llama_cpp_server.root_url + "/metrics")
     assert status == 200

@@ -338,7 +338,10 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, spec:
             record.prompt_token_source = "usage"
     else:
         record.output_tokens = len(token_ns)
-        record.token_count_source = "chunks"
+        # A chunk carries at least one token and a server stops at max_tokens, so a 'length' finish after exactly
+        # max_tokens chunks is exactly max_tokens tokens; any other chunk count is only a lower bound.
+        exact = record.finish_reason == "length" and record.max_tokens is not None and len(token_ns) == record.max_tokens
+        record.token_count_source = "max_tokens" if exact else "chunks"
     if record.error_kind is None and not token_ns:
         record.error_kind, record.error_text = "empty", "the stream carried no generated text"
     return record

@@ -42,6 +42,11 @@ MAX_REQUESTS = 1_000_000
 MAX_CONCURRENCY = 100_000
 #: Distinct prompts built at most, and the prompt tokens they may hold together; past either, prompts cycle.
 MAX_PROMPT_POOL = 10_000
+#: Seed offsets of a sweep level's prompts (level x LEVEL_SALT) and of warm-up prompts (WARMUP_SALT + the level's):
+#: a different seed draws different synthetic prompts, so no level or warm-up reuses another's (a dataset's rows are
+#: the user's own and are sent as they are).
+LEVEL_SALT = 1_000
+WARMUP_SALT = 10**6
 PROMPT_TOKEN_BUDGET = 50_000_000
 #: What every run writes into --out, measured (bench) or predicted (simulate).
 RECORD_FILES = ("requests.jsonl", "summary.json")
@@ -447,24 +452,26 @@ class BenchRunner:
                                     prefix_tokens=self.workload.prefix_tokens, trace=self.trace,
                                     prefix_groups=self.workload.prefix_groups)
 
-    async def run(self, plan: LoadPlan, out_dir: Path | None = None, label: str = "bench") -> RunResult:
-        """Warm up, run the plan, recount tokens, summarize; writes out_dir/requests.jsonl and summary.json."""
+    async def run(self, plan: LoadPlan, out_dir: Path | None = None, label: str = "bench", salt: int = 0) -> RunResult:
+        """Warm up, run the plan, recount tokens, summarize; writes out_dir/requests.jsonl and summary.json.
+
+        ``salt`` offsets the seed of the prompts (a sweep gives each level its own, see `sweep`)."""
         assert self.session is not None, "use `async with BenchRunner(...)`"
         self._running += 1
         try:
-            return await self._run(plan, out_dir, label)
+            return await self._run(plan, out_dir, label, salt)
         finally:
             self._running -= 1
 
-    async def _run(self, plan: LoadPlan, out_dir: Path | None, label: str) -> RunResult:
+    async def _run(self, plan: LoadPlan, out_dir: Path | None, label: str, salt: int = 0) -> RunResult:
         n_requests = plan.request_count
         if self.trace is not None:  # every request its own recorded lengths: no pool, no cycling
             n_requests = len(self.trace) if plan.requests is None else min(plan.requests, len(self.trace))
             specs = await self.specs(n_requests)
         else:
-            specs = await self.specs(plan.pool_size(self.workload.prompt_tokens.mean))
+            specs = await self.specs(plan.pool_size(self.workload.prompt_tokens.mean), salt=salt)
         if plan.warmup and self.interrupted is None:
-            warm = await self.specs(min(plan.warmup, MAX_PROMPT_POOL), salt=10**6)
+            warm = await self.specs(min(plan.warmup, MAX_PROMPT_POOL), salt=WARMUP_SALT + salt)
             self._sender = _Sender(self.session, self.endpoint, lambda r: None)
             try:
                 await run_closed_loop(self._sender, warm, plan.warmup, plan.concurrency or 1, None)
@@ -602,7 +609,10 @@ class BenchRunner:
     async def sweep(self, parameter: str, values: list[float], base: LoadPlan, out_dir: Path | None,
                     knee_fraction: float = 0.9) -> SweepSummary:
         """One run per load level; the summary lists every point plus the knee and saturation throughput. When
-        interrupted, the summary holds the levels run so far (the last one partial, marked `interrupted`)."""
+        interrupted, the summary holds the levels run so far (the last one partial, marked `interrupted`).
+
+        Each level sends prompts of its own (seed + level index): with the same prompts, a server's prefix cache
+        would serve every level after the first from cache, and their TTFTs would measure a one-token prefill."""
         self._running += 1
         try:
             return await self._sweep(parameter, values, base, out_dir, knee_fraction)
@@ -612,14 +622,14 @@ class BenchRunner:
     async def _sweep(self, parameter: str, values: list[float], base: LoadPlan, out_dir: Path | None,
                      knee_fraction: float) -> SweepSummary:
         points = []
-        for value in values:
+        for level, value in enumerate(values):
             if self.interrupted is not None:
                 break
             plan = LoadPlan(concurrency=int(value) if parameter == "concurrency" else None,
                             rate=value if parameter == "rate" else None, burstiness=base.burstiness,
                             requests=base.requests, duration_s=base.duration_s, warmup=base.warmup)
             point_dir = out_dir / f"{parameter}_{value:g}" if out_dir else None
-            result = await self.run(plan, point_dir, label=f"{parameter}={value:g}")
+            result = await self.run(plan, point_dir, label=f"{parameter}={value:g}", salt=level * LEVEL_SALT)
             points.append(result.summary.model_copy(update={"sweep_value": value}))
         finished = [p for p in points if p.interrupted is None] or points
         knee = (find_knee([p.sweep_value for p in finished], [p.output_tok_s for p in finished], knee_fraction)
