@@ -185,3 +185,19 @@ def test_cli_happy_path_on_the_fake_server_with_sweep_and_slo(faulty_server, tmp
     assert all(p["completed"] == 8 and p["output_tokens"] == 40 for p in summary["points"])
     assert summary["sweep"]["knee_load"] in (1, 4)
     assert (tmp_path / "concurrency_4" / "requests.jsonl").exists()
+
+
+async def test_a_duration_run_past_its_prompt_pool_warns_that_prompts_repeat(faulty_server, monkeypatch):
+    import speedlimit.bench.runner as runner_module
+
+    monkeypatch.setattr(runner_module, "DURATION_POOL_CLOSED", 2)  # a --duration run builds max(2, 4 x concurrency)
+    endpoint = Endpoint(faulty_server.url("ok"), model="fake-model", timeout_s=5)
+    async with BenchRunner(endpoint, WorkloadPlan(LengthSpec("fixed", 8), 4, None, 0)) as runner:
+        timed = await runner.run(LoadPlan(concurrency=1, duration_s=0.5))
+        counted = await runner.run(LoadPlan(concurrency=1, requests=3))
+    repeats = len([r for r in timed.records if r.index >= 4])
+    assert repeats >= 1
+    warning = next(w for w in timed.summary.warnings if "re-sent" in w)
+    assert warning.startswith(f"{repeats} of {len(timed.records)} requests re-sent one of the run's 4 distinct")
+    assert "--requests" in warning
+    assert not any("re-sent" in w for w in counted.summary.warnings)

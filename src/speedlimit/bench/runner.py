@@ -281,6 +281,17 @@ class _Sender:
             task.cancel()
 
 
+def repeated_prompt_warning(records: list[RequestRecord], distinct: int) -> str | None:
+    """Request n sends synthetic prompt n mod `distinct` (`_cycled`): past the pool, prompts repeat, and a server with
+    prefix caching serves a repeat's whole prompt from its cache, so its TTFT is no prefill at all."""
+    repeated = sum(1 for r in records if r.index >= distinct and r.error_kind != "cancelled")
+    if not repeated:
+        return None
+    return (f"{repeated} of {len(records)} requests re-sent one of the run's {distinct} distinct synthetic prompts: a "
+            f"server with prefix caching answers those from its cache, so their TTFT is not a full prefill; use "
+            f"--requests (up to {MAX_PROMPT_POOL:,} distinct prompts) instead of --duration")
+
+
 def _cycled(specs: list[RequestSpec], n: int) -> RequestSpec:
     spec = specs[n % len(specs)]
     if n < len(specs):
@@ -546,6 +557,10 @@ class BenchRunner:
                             warnings=run_warnings(records, self.workload.output_tokens, self.endpoint.force_output),
                             workers=workers_info)
         summary.server = scraper.summary() if scraper is not None else None
+        # a dataset's rows are the user's own prompts (and a conversation's turns share prefixes on purpose)
+        repeated = None if self.dataset is not None else repeated_prompt_warning(records, len(specs))
+        if repeated:
+            summary.warnings.append(repeated)
         # CPU over the window the load ran (first send to last end): with --workers, the wall clock above also holds
         # the clock pings and the start barrier
         busy_s = duration_s if duration_s > 0 else wall_s
