@@ -102,3 +102,13 @@ def test_dataset_errors_are_one_line_speedlimit_errors(tmp_path):
     bad.write_text('{"prompt": "ok"}\n{"nope": 1}\n')
     with pytest.raises(SpeedlimitError, match="bad.jsonl:2"):
         load_dataset(bad)
+
+
+async def test_sweep_levels_draw_other_prompts_and_lengths_than_level_0():
+    from speedlimit.bench.workload import level_seed
+
+    spec = parse_length_spec("uniform:10:500")
+    levels = [await build_requests(12, prompt_spec=spec, output_tokens=4, seed=level_seed(3, level)) for level in (0, 1)]
+    assert [s.prompt_tokens for s in levels[0]] == spec.sample(12, np.random.default_rng([3, 0]))
+    assert [s.prompt_tokens for s in levels[1]] == spec.sample(12, np.random.default_rng([level_seed(3, 1), 0]))
+    assert not {s.prompt for s in levels[0]} & {s.prompt for s in levels[1]}  # nothing for a prefix cache to serve

@@ -86,3 +86,16 @@ def test_workload_is_benchs_draw_for_draw():
     assert [r.prompt_tokens for r in run.records] == spec.sample(50, np.random.default_rng([11, 0]))
     offsets = arrival_offsets_s(50, 3.0, 1.0, 11)
     assert [r.start_ns for r in run.records] == [int(o * 1e9 + 0.5) for o in offsets]
+
+
+def test_a_sweep_level_draws_benchs_lengths_for_that_level():
+    from speedlimit.bench.workload import level_seed, parse_length_spec
+
+    spec = parse_length_spec("uniform:10:500")
+    levels = [build_workload(concurrency=2, requests=20, prompt_tokens="uniform:10:500", seed=5, level=level)
+              for level in (0, 1, 2)]
+    for level, workload in enumerate(levels):
+        assert workload.prompts == spec.sample(20, np.random.default_rng([level_seed(5, level), 0]))
+    assert levels[0].prompts == build_workload(concurrency=2, requests=20, prompt_tokens="uniform:10:500",
+                                               seed=5).prompts  # level 0 is a plain run
+    assert levels[1].prompts != levels[0].prompts != levels[2].prompts

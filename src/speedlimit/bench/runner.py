@@ -32,7 +32,7 @@ from speedlimit.bench.selfcheck import LoopLagMonitor, check_warnings, cpu_secon
 from speedlimit.bench.server_metrics import DEFAULT_INTERVAL_S, MetricsScraper
 from speedlimit.bench.tokenizer import LocalTokenizer, ServerTokenizer, load_local_tokenizer, probe_tokenizer
 from speedlimit.bench.workload import (LengthSpec, RequestSpec, arrival_offsets_s, build_requests, load_dataset,
-                                      load_trace, trace_offsets_s)
+                                      level_seed, load_trace, trace_offsets_s)
 from speedlimit.errors import SpeedlimitError, pydantic_message
 
 #: Prompt pool size for --duration runs, where the request count is not known in advance (prompts then cycle).
@@ -42,10 +42,8 @@ MAX_REQUESTS = 1_000_000
 MAX_CONCURRENCY = 100_000
 #: Distinct prompts built at most, and the prompt tokens they may hold together; past either, prompts cycle.
 MAX_PROMPT_POOL = 10_000
-#: Seed offsets of a sweep level's prompts (level x LEVEL_SALT) and of warm-up prompts (WARMUP_SALT + the level's):
-#: a different seed draws different synthetic prompts, so no level or warm-up reuses another's (a dataset's rows are
-#: the user's own and are sent as they are).
-LEVEL_SALT = 1_000
+#: Seed offset of warm-up prompts (from the level's seed, `level_seed`): a different seed draws different synthetic
+#: prompts, so the measured requests never meet a prompt the warm-up left in a prefix cache.
 WARMUP_SALT = 10**6
 PROMPT_TOKEN_BUDGET = 50_000_000
 #: What every run writes into --out, measured (bench) or predicted (simulate).
@@ -456,33 +454,35 @@ class BenchRunner:
 
     # --- runs ---------------------------------------------------------------------------------------------------
 
-    async def specs(self, n: int, salt: int = 0) -> list[RequestSpec]:
+    async def specs(self, n: int, level: int = 0, salt: int = 0) -> list[RequestSpec]:
+        """`n` requests of sweep level `level` (0: a single run), drawn from `level_seed` + `salt`."""
         return await build_requests(n, prompt_spec=self.workload.prompt_tokens,
-                                    output_tokens=self.workload.output_tokens, seed=self.workload.seed + salt,
+                                    output_tokens=self.workload.output_tokens,
+                                    seed=level_seed(self.workload.seed, level) + salt,
                                     tokenizer=self.tokenizer, dataset=self.dataset,
                                     prefix_tokens=self.workload.prefix_tokens, trace=self.trace,
                                     prefix_groups=self.workload.prefix_groups)
 
-    async def run(self, plan: LoadPlan, out_dir: Path | None = None, label: str = "bench", salt: int = 0) -> RunResult:
+    async def run(self, plan: LoadPlan, out_dir: Path | None = None, label: str = "bench", level: int = 0) -> RunResult:
         """Warm up, run the plan, recount tokens, summarize; writes out_dir/requests.jsonl and summary.json.
 
-        ``salt`` offsets the seed of the prompts (a sweep gives each level its own, see `sweep`)."""
+        ``level``: the sweep level this run is (its prompts are drawn from `level_seed`, see `sweep`)."""
         assert self.session is not None, "use `async with BenchRunner(...)`"
         self._running += 1
         try:
-            return await self._run(plan, out_dir, label, salt)
+            return await self._run(plan, out_dir, label, level)
         finally:
             self._running -= 1
 
-    async def _run(self, plan: LoadPlan, out_dir: Path | None, label: str, salt: int = 0) -> RunResult:
+    async def _run(self, plan: LoadPlan, out_dir: Path | None, label: str, level: int = 0) -> RunResult:
         n_requests = plan.request_count
         if self.trace is not None:  # every request its own recorded lengths: no pool, no cycling
             n_requests = len(self.trace) if plan.requests is None else min(plan.requests, len(self.trace))
             specs = await self.specs(n_requests)
         else:
-            specs = await self.specs(plan.pool_size(self.workload.prompt_tokens.mean), salt=salt)
+            specs = await self.specs(plan.pool_size(self.workload.prompt_tokens.mean), level=level)
         if plan.warmup and self.interrupted is None:
-            warm = await self.specs(min(plan.warmup, MAX_PROMPT_POOL), salt=WARMUP_SALT + salt)
+            warm = await self.specs(min(plan.warmup, MAX_PROMPT_POOL), level=level, salt=WARMUP_SALT)
             self._sender = _Sender(self.session, self.endpoint, lambda r: None)
             try:
                 await run_closed_loop(self._sender, warm, plan.warmup, plan.concurrency or 1, None)
@@ -626,8 +626,8 @@ class BenchRunner:
         """One run per load level; the summary lists every point plus the knee and saturation throughput. When
         interrupted, the summary holds the levels run so far (the last one partial, marked `interrupted`).
 
-        Each level sends prompts of its own (seed + level index): with the same prompts, a server's prefix cache
-        would serve every level after the first from cache, and their TTFTs would measure a one-token prefill."""
+        Each level sends prompts of its own (`level_seed`): with the same prompts, a server's prefix cache would
+        serve every level after the first from cache, and their TTFTs would measure a one-token prefill."""
         self._running += 1
         try:
             return await self._sweep(parameter, values, base, out_dir, knee_fraction)
@@ -644,7 +644,7 @@ class BenchRunner:
                             rate=value if parameter == "rate" else None, burstiness=base.burstiness,
                             requests=base.requests, duration_s=base.duration_s, warmup=base.warmup)
             point_dir = out_dir / f"{parameter}_{value:g}" if out_dir else None
-            result = await self.run(plan, point_dir, label=f"{parameter}={value:g}", salt=level * LEVEL_SALT)
+            result = await self.run(plan, point_dir, label=f"{parameter}={value:g}", level=level)
             points.append(result.summary.model_copy(update={"sweep_value": value}))
         finished = [p for p in points if p.interrupted is None] or points
         knee = (find_knee([p.sweep_value for p in finished], [p.output_tok_s for p in finished], knee_fraction)

@@ -87,6 +87,16 @@ class RequestSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+#: A sweep level draws its prompts and lengths from seed + level x LEVEL_SEED_STEP (its arrival times keep the run's
+#: seed): with one set of prompts for every level, a server's prefix cache would serve every level after the first.
+LEVEL_SEED_STEP = 1_000
+
+
+def level_seed(seed: int, level: int) -> int:
+    """The seed of sweep level ``level``'s prompts and lengths (level 0: the run's own seed)."""
+    return seed + level * LEVEL_SEED_STEP
+
+
 def synthetic_text(n_words: int, rng: np.random.Generator) -> str:
     """`n_words` random words from WORDS (seeded); distinct per request, so no prefix caching between requests."""
     picks = rng.integers(0, len(WORDS), size=max(1, n_words))

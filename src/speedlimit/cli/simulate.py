@@ -170,8 +170,8 @@ def simulate_command(
         parameter, values = parse_sweep(sweep)
         if concurrency is not None or rate is not None:
             raise SpeedlimitError(f"--sweep {parameter}=… sets the load: drop --concurrency/--rate")
-        workloads = [build_workload(**{parameter: int(v) if parameter == "concurrency" else v}, **workload_options)
-                     for v in values]
+        workloads = [build_workload(**{parameter: int(v) if parameter == "concurrency" else v}, level=level,
+                                    **workload_options) for level, v in enumerate(values)]
         summary, runs = run_sweep(step, config, parameter, values, workloads, slo_bounds, knee_fraction)
         if out is not None:
             prepare_out_dir(out, force)

@@ -26,7 +26,8 @@ import numpy as np
 
 from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary
 from speedlimit.bench.metrics import find_knee, parse_slo, summarize
-from speedlimit.bench.workload import LengthSpec, _dataset_order, arrival_offsets_s, load_dataset, parse_length_spec
+from speedlimit.bench.workload import (LengthSpec, _dataset_order, arrival_offsets_s, level_seed, load_dataset,
+                                      parse_length_spec)
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.engine_profile import EngineProfile
@@ -266,10 +267,11 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
                    requests: int | None = None, duration_s: float | None = None, prompt_tokens: Any = 128,
                    output_tokens: Any = 64, dataset: Path | str | None = None, seed: int = 0,
                    trace: Path | str | None = None, time_scale: float = 1.0, prefix_tokens: int = 0,
-                   prefix_groups: int = 1) -> Workload:
+                   prefix_groups: int = 1, level: int = 0) -> Workload:
     """Bench's workload for these options, draw for draw (same seed → same lengths and arrival times as bench).
     ``trace``: bench's --trace, every request at its recorded time and with its recorded lengths. ``prefix_tokens``,
-    ``prefix_groups``: bench's shared prefixes (`_shared_prefixes`)."""
+    ``prefix_groups``: bench's shared prefixes (`_shared_prefixes`). ``level``: the sweep level, whose lengths bench
+    draws from `level_seed` (its arrivals from ``seed``)."""
     from speedlimit.bench.runner import LoadPlan  # validates the load options exactly as bench does
 
     if trace is not None:
@@ -297,14 +299,15 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
     n_requests = plan.request_count  # bench's: requests, or what --rate × --duration can send
     prompt_spec = _length_spec(prompt_tokens, "prompt-tokens")
     pool = plan.pool_size(prompt_spec.mean)  # bench's prompt pool; requests past it reuse the lengths in turn
-    rng = np.random.default_rng([seed, 0])
+    draw_seed = level_seed(seed, level)
+    rng = np.random.default_rng([draw_seed, 0])
     default_output = _length_spec(output_tokens, "output-tokens")
     conversations: list[int | None] | None = None
     if dataset is not None:
         rows = load_dataset(Path(dataset))
         order = _dataset_order(rows, rng)  # bench's order: shuffled, a conversation's turns kept together
         prompts, outputs, conversations = [], [], []
-        fallback = default_output.sample(pool, np.random.default_rng([seed, 3]))
+        fallback = default_output.sample(pool, np.random.default_rng([draw_seed, 3]))
         for i in range(pool):
             row = rows[int(order[i % len(rows)])]
             prompts.append(max(1, _dataset_prompt_tokens(row)))
@@ -314,7 +317,7 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
         prompt_text = f"dataset {dataset}"
     else:
         prompts = prompt_spec.sample(pool, rng)  # exactly bench's draw
-        outputs = default_output.sample(pool, np.random.default_rng([seed, 3]))
+        outputs = default_output.sample(pool, np.random.default_rng([draw_seed, 3]))
         prompt_text = str(prompt_tokens)
     arrivals = None
     if plan.rate is not None:

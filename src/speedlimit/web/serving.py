@@ -264,8 +264,8 @@ def simulate_view(body: Any, scenario: Any) -> dict[str, Any]:
     requests, planned_steps = plan(values)
     workloads: list[Workload] = [
         build_workload(**{parameter: int(v) if parameter == "concurrency" else v}, requests=requests,
-                       prompt_tokens=prompt, output_tokens=output, seed=body.seed, prefix_tokens=shared)
-        for v in values]
+                       prompt_tokens=prompt, output_tokens=output, seed=body.seed, prefix_tokens=shared, level=level)
+        for level, v in enumerate(values)]
     summary, runs = sweep(step, engine, parameter, values, workloads, slo, saturation=saturation)
     points = []
     steps = 0
