@@ -90,7 +90,7 @@ def test_sigint_during_verify_keeps_a_partial_result(tmp_path: Path, delay_s: fl
     import time
 
     out = tmp_path / "verify.json"
-    process = subprocess.Popen([sys.executable, "-m", "speedlimit.cli", "verify", "--quick", "--array-mib", "8",
+    process = subprocess.Popen([sys.executable, "-m", "speedlimit.cli", "verify", "--quick", "--no-progress", "--array-mib", "8",
                                 "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=dict(os.environ))
     deadline = time.monotonic() + 240

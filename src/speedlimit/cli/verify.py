@@ -153,6 +153,8 @@ def verify_command(
     array_mib: Optional[int] = typer.Option(None, "--array-mib", help="Size of each bandwidth array in MiB (default 256)."),
     json_output: bool = flag_option("--json/--no-json", "Print the full result as JSON.", default=False),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result JSON here (updated after every stage)."),
+    show_progress: bool = flag_option("--progress/--no-progress", "Show live progress on stderr (a terminal only).",
+                                      default=True),
 ) -> None:
     """Measure this machine's speed limits, run a real model, and compare with the estimator.
 
@@ -179,7 +181,8 @@ def verify_command(
 
     stderr = Console(stderr=True)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), console=stderr, transient=True, disable=not stderr.is_terminal)
+                        TimeElapsedColumn(), console=stderr, transient=True,
+                        disable=not (show_progress and stderr.is_terminal))
     with progress:
         task = progress.add_task("verify", total=total_steps(settings))
 
