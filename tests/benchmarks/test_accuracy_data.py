@@ -147,10 +147,25 @@ def test_fit_recovers_a_known_kernel_cost(score):
     assert inputs.predict_tok_s({"apple": 4.2e-6}) == pytest.approx(inputs.measured_tok_s)
 
 
+def test_gemm_fit_takes_the_nvidia_llama_cpp_prefill_rows_and_recovers_a_known_efficiency(score):
+    import dataclasses
+
+    rows = score.load_rows(CSV_PATH)
+    chosen = score.gemm_fit_rows(rows)
+    assert chosen and all(r.quantity == "prefill" and resolve_hardware(r.device).vendor == "nvidia" for r in chosen)
+    assert not [r for r in chosen if resolve_hardware(r.device).kind == "apple"]
+    few = [r for r in chosen if r.fold == "A"][:4]
+    truth = score.predict_prefill_at_gemm(few, 0.3)
+    synthetic = [dataclasses.replace(r, prefill_tok_s=float(t)) for r, t in zip(few, truth)]
+    assert score.fit_gemm_efficiency(synthetic) == pytest.approx(0.3)
+    assert (score.predict_prefill_at_gemm(few, 0.15) < truth).all()  # a lower GEMM rate prices a slower prefill
+
+
 def test_shipped_fitted_kernel_cost_is_the_fold_a_fit(score, capsys):
     """The catalog's fitted per-kernel costs must be what score.py fits on fold A (it exits 1 otherwise)."""
     assert score.main(["--quiet"]) == 0
     out = capsys.readouterr().out
     assert "held-out fold B" in out and "MISMATCH" not in out
+    assert f"shipped {score.GEMM_FIT_PROFILE}: {score.shipped_gemm_efficiency():.3f} = the fold-A fit" in out
     for quantity in ("decode:", "prefill:", "serving throughput:", "TPOT under load:", "TTFT under load:"):
         assert quantity in out

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from speedlimit.catalog import (
     DEFAULT_ENGINE,
     catalog_engine,
+    default_efficiency,
     engine_entries,
     engine_for_device,
     engine_names,
@@ -127,7 +128,7 @@ def test_gemm_curve_interpolates_in_log_tokens() -> None:
 
 
 def test_default_engine_prices_exactly_as_without_profiles() -> None:
-    """The default engine adds nothing: llama.cpp's per-kernel cost and the device kind's fractions."""
+    """The default engine is its device's backend: llama.cpp's per-kernel cost, the device kind's bandwidth fraction."""
     implicit = estimate("llama-3.1-8b", "h100-sxm", batch=8, prompt=512, output=128)
     explicit = estimate("llama-3.1-8b", "h100-sxm", batch=8, prompt=512, output=128, engine="llama.cpp-cuda")
     assert implicit.itl_s == explicit.itl_s and implicit.ttft_s == explicit.ttft_s
@@ -156,7 +157,7 @@ def test_per_sequence_cost_grows_the_step_with_the_batch() -> None:
 
 
 def test_engine_gemm_efficiency_prices_prefill() -> None:
-    """vLLM's GEMMs are priced at the cuBLAS figures (0.75-0.77 of peak), the llama.cpp default at the kind's 0.60."""
+    """vLLM's GEMMs are priced at the cuBLAS figures (0.75-0.77 of peak), the llama.cpp default at its one flat rate."""
     llama = step_model("llama-3.1-8b", "h100-sxm")
     vllm = step_model("llama-3.1-8b", "h100-sxm", engine="vllm")
     assert llama.machine.gemm_factor_small == llama.machine.gemm_factor_large == 1.0
@@ -168,6 +169,35 @@ def test_engine_gemm_efficiency_prices_prefill() -> None:
     # an explicit --flops-efficiency is a flat rate: the engine's curve and attention rate step aside
     flat = step_model("llama-3.1-8b", "h100-sxm", engine="vllm", flops_efficiency=0.5)
     assert flat.machine.gemm_factor_small == flat.machine.gemm_factor_large == flat.machine.attention_factor == 1.0
+
+
+def test_default_llama_cpp_on_an_nvidia_gpu_prices_gemms_at_the_fitted_efficiency() -> None:
+    """llama.cpp's CUDA GEMM efficiency is the fold-A fit (benchmarks/accuracy/score.py checks it): the default engine on
+    an NVIDIA GPU prices prefill with it; vLLM keeps its cited cuBLAS curve, other backends the kind's fraction."""
+    cuda = catalog_engine("llama-cpp-cuda")
+    (tokens, fitted), = cuda.gemm_points  # one point: a flat rate
+    assert 0 < fitted < default_efficiency(resolve_hardware("h100-pcie")).flops_efficiency
+    assert cuda.gemm_efficiency.source.startswith("FITTED on fold A") and "benchmarks/accuracy/score.py" in cuda.gemm_efficiency.source
+    default = estimate("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512)
+    assert default.engine == "llama-cpp-cuda" and default.flops_efficiency == pytest.approx(fitted)
+    model = step_model("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512)
+    assert model.machine.gemm_factor_small == model.machine.gemm_factor_large == model.machine.attention_factor == 1.0
+    assert model.machine.flops == pytest.approx(fitted * model.peak_flops)
+    # prefill is compute-bound at 512 tokens: its time scales with 1 / the GEMM rate; decode is memory-bound, unchanged
+    kind = estimate("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512, flops_efficiency=0.60)
+    assert default.ttft_s > kind.ttft_s and default.itl_s == pytest.approx(kind.itl_s, rel=1e-12)
+    vllm = estimate("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512, engine="vllm")
+    assert vllm.flops_efficiency == pytest.approx(0.766) and vllm.ttft_s < default.ttft_s
+    for engine in ("sglang", "tensorrt-llm"):
+        assert estimate("llama-3.1-8b", "h100-pcie", engine=engine).flops_efficiency == pytest.approx(0.766)
+    rocm = estimate("llama-3.1-8b", "mi300x", weights="q4_k_m", prompt=512)
+    assert rocm.engine == "llama-cpp-rocm" and rocm.flops_efficiency == default_efficiency(resolve_hardware("mi300x")).flops_efficiency
+    apple = next(k for k in ("m2-ultra", "m1-max", "m3-max") if _exists(k))
+    metal = estimate("llama-3.1-8b", apple, weights="q4_k_m", prompt=512)
+    assert metal.engine == "llama-cpp-metal" and metal.flops_efficiency == default_efficiency(resolve_hardware(apple)).flops_efficiency
+    ideal = estimate("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512, ideal=True)
+    assert ideal.flops_efficiency == 1.0
+    assert ideal.ttft_s == estimate("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512, ideal=True, engine="vllm").ttft_s
 
 
 def test_critical_batch_with_a_token_dependent_gemm_rate_is_the_first_compute_bound_batch() -> None:
