@@ -83,6 +83,9 @@ class EngineProfile(BaseModel):
     sequence_overhead_s: Sourced | None = None
     attention_efficiency: Sourced | None = None
     gemm_efficiency: Sourced | None = None
+    # the peak-FLOPs column its GEMMs of f16 and dequantized low-bit weights run at, where a device lists one
+    # (llama.cpp CUDA: "fp16_acc16", cuBLAS with fp16 accumulation); None: the weights' compute dtype
+    half_gemm_dtype: Sourced | None = None
 
     @field_validator("mode")
     @classmethod
@@ -120,6 +123,13 @@ class EngineProfile(BaseModel):
         if field is not None and (isinstance(field.value, bool) or not isinstance(field.value, (int, float))
                                   or not 0 <= field.value <= 0.1):
             raise ValueError(f"must be seconds in [0, 0.1], got {field.value!r}")
+        return field
+
+    @field_validator("half_gemm_dtype")
+    @classmethod
+    def _gemm_dtype(cls, field: Sourced | None) -> Sourced | None:
+        if field is not None and field.value not in ("fp16_acc16",):
+            raise ValueError(f"must be fp16_acc16, got {field.value!r}")
         return field
 
     @field_validator("gemm_efficiency")

@@ -23,6 +23,9 @@ _FLOPS_FALLBACK = {
     "int8": ("int8", "bf16", "fp16", "fp32"),
     "bf16": ("bf16", "fp16", "fp32"),
     "fp16": ("fp16", "bf16", "fp32"),
+    # fp16 inputs with fp16 accumulation: GeForce cards list it at twice their fp16 (fp32-accumulate) rate; every
+    # other device runs it at its fp16 rate
+    "fp16_acc16": ("fp16_acc16", "fp16", "bf16", "fp32"),
     "tf32": ("tf32", "fp32"),
     "fp32": ("fp32",),
 }

@@ -177,7 +177,7 @@ def test_default_llama_cpp_on_an_nvidia_gpu_prices_gemms_at_the_fitted_efficienc
     cuda = catalog_engine("llama-cpp-cuda")
     (tokens, fitted), = cuda.gemm_points  # one point: a flat rate
     assert 0 < fitted < default_efficiency(resolve_hardware("h100-pcie")).flops_efficiency
-    assert cuda.gemm_efficiency.source.startswith("FITTED on fold A") and "benchmarks/accuracy/score.py" in cuda.gemm_efficiency.source
+    assert cuda.gemm_efficiency.fitted == "A" and cuda.gemm_efficiency.source is None
     default = estimate("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512)
     assert default.engine == "llama-cpp-cuda" and default.flops_efficiency == pytest.approx(fitted)
     model = step_model("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512)
@@ -198,6 +198,27 @@ def test_default_llama_cpp_on_an_nvidia_gpu_prices_gemms_at_the_fitted_efficienc
     ideal = estimate("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512, ideal=True)
     assert ideal.flops_efficiency == 1.0
     assert ideal.ttft_s == estimate("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512, ideal=True, engine="vllm").ttft_s
+
+
+def test_llama_cpp_cuda_runs_f16_and_dequantized_gemms_at_a_geforce_cards_fp16_accumulate_rate() -> None:
+    """llama.cpp's cuBLAS GEMMs accumulate in fp16 (ggml-cuda.cu): on a GeForce card, which lists that rate at twice
+    its fp16-with-fp32-accumulate rate, f16 and quantized weights run at it; bf16 weights, other engines, other cards
+    (no such column: the same rate), --compute and --ideal keep the weights' compute dtype."""
+    card = resolve_hardware("rtx-4090")
+    assert card.flops["fp16_acc16"] == pytest.approx(2 * card.flops["fp16"], rel=1e-3)  # 330.3 vs 165.2
+    for weights in ("q4_k_m", "f16", "q8_0"):
+        model = step_model("llama-3.1-8b", "rtx-4090", weights=weights)
+        assert model.compute_dtype == "fp16_acc16" and model.peak_flops == card.flops["fp16_acc16"]
+    assert step_model("llama-3.1-8b", "rtx-4090", weights="bf16").peak_flops == card.flops["bf16"]
+    assert step_model("llama-3.1-8b", "rtx-4090", weights="q4_k_m", engine="vllm").peak_flops == card.flops["bf16"]
+    assert step_model("llama-3.1-8b", "rtx-4090", weights="q4_k_m", compute="fp16").peak_flops == card.flops["fp16"]
+    assert step_model("llama-3.1-8b", "rtx-4090", weights="q4_k_m", ideal=True).peak_flops == card.flops["bf16"]
+    h100 = step_model("llama-3.1-8b", "h100-pcie", weights="q4_k_m")
+    assert h100.compute_dtype == "bf16" and h100.peak_flops == resolve_hardware("h100-pcie").flops["bf16"]
+    # twice the peak at the same fitted fraction: a compute-bound prefill takes less time, decode is unchanged
+    fast = estimate("llama-3.1-8b", "rtx-4090", weights="q4_k_m", prompt=2048)
+    slow = estimate("llama-3.1-8b", "rtx-4090", weights="q4_k_m", prompt=2048, compute="fp16")
+    assert fast.ttft_s < 0.75 * slow.ttft_s and fast.itl_s == pytest.approx(slow.itl_s, rel=1e-9)
 
 
 def test_critical_batch_with_a_token_dependent_gemm_rate_is_the_first_compute_bound_batch() -> None:

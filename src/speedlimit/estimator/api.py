@@ -355,6 +355,8 @@ def resolve(scenario: Scenario) -> StepModel:
                              kv_bytes_per_token_local=cost.kv_bytes_per_token_local * replicas)
     weights_name = weights.name if weights else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
     compute_dtype, peak_flops = compute_rate(arch, device, weights, scenario.compute)
+    if not scenario.ideal and scenario.compute is None:
+        compute_dtype, peak_flops = engine_gemm_rate(engine, device, weights, compute_dtype, peak_flops)
     if scenario.ideal:
         cost = ideal_cost_model(cost, arch)
     kernels = arch.decode_kernels * (engine.kernel_fraction.value if engine.kernel_fraction else 1.0)
@@ -385,6 +387,21 @@ def compute_rate(arch: Architecture, device: Hardware, weights: Precision | Weig
         return dtype, device.peak_flops(dtype)
     seconds_per_flop = sum(params[group] / device.peak_flops(dtype) for group, dtype in dtypes.items())
     return "mixed", sum(params[group] for group in dtypes) / seconds_per_flop
+
+
+def engine_gemm_rate(engine: EngineProfile, device: Hardware, weights: Precision | WeightFormats | None,
+                     compute_dtype: str, peak_flops: float) -> tuple[str, float]:
+    """(compute dtype, peak FLOP/s) of ``engine``'s own GEMMs where its profile names a column for them.
+
+    llama.cpp's CUDA backend multiplies f16 and dequantized low-bit weights with cuBLAS accumulating in fp16
+    (``half_gemm_dtype = "fp16_acc16"``); bf16 weights accumulate in fp32. A device that lists no such column (every
+    non-GeForce card: the same rate) keeps its fp16 peak. ``--compute`` and ``--ideal`` never come here.
+    """
+    column = engine.half_gemm_dtype.value if engine.half_gemm_dtype else None
+    if (column is None or column not in device.flops or compute_dtype != "bf16" or not isinstance(weights, Precision)
+            or weights.name == "bf16"):
+        return compute_dtype, peak_flops
+    return column, device.flops[column]
 
 
 def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfile) -> tuple[Efficiency, dict[str, float]]:
