@@ -201,3 +201,16 @@ async def test_a_duration_run_past_its_prompt_pool_warns_that_prompts_repeat(fau
     assert warning.startswith(f"{repeats} of {len(timed.records)} requests re-sent one of the run's 4 distinct")
     assert "--requests" in warning
     assert not any("re-sent" in w for w in counted.summary.warnings)
+
+
+async def test_a_dataset_sweep_warns_that_later_levels_re_send_its_prompts(faulty_server, tmp_path):
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": f"question {i} about the weather"}) + "\n" for i in range(5)))
+    endpoint = Endpoint(faulty_server.url("ok"), model="fake-model", timeout_s=5)
+    async with BenchRunner(endpoint, WorkloadPlan(LengthSpec("fixed", 8), 4, dataset, 0)) as runner:
+        summary = await runner.sweep("concurrency", [1.0, 2.0], LoadPlan(concurrency=1, requests=4), tmp_path / "sweep")
+    first, second = summary.points
+    assert not any("re-sent the --dataset prompts" in w for w in first.warnings)
+    assert any(w.startswith("sweep level 2 re-sent the --dataset prompts") for w in second.warnings)
+    saved = json.loads((tmp_path / "sweep" / "concurrency_2" / "summary.json").read_text())
+    assert any("re-sent the --dataset prompts" in w for w in saved["warnings"])  # the level's own file says so too

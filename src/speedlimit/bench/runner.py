@@ -561,6 +561,11 @@ class BenchRunner:
         repeated = None if self.dataset is not None else repeated_prompt_warning(records, len(specs))
         if repeated:
             summary.warnings.append(repeated)
+        if level and self.dataset is not None:
+            summary.warnings.append(f"sweep level {level + 1} re-sent the --dataset prompts the levels before it sent "
+                                    f"(in another order): a server with prefix caching may answer them from its cache, "
+                                    f"so this level's TTFT can be lower than a first sending's; give each level its "
+                                    f"own dataset, or restart the server between levels, to measure full prefills")
         # CPU over the window the load ran (first send to last end): with --workers, the wall clock above also holds
         # the clock pings and the start barrier
         busy_s = duration_s if duration_s > 0 else wall_s
