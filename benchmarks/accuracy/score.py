@@ -42,6 +42,7 @@ import argparse
 import csv
 import dataclasses
 import logging
+import math
 import os
 import statistics
 import sys
@@ -107,6 +108,7 @@ class Row:
     throughput_tok_s: float | None = None
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+    threads: int | None = None  # CPU runs: the thread count the source ran (blank: llama.cpp's default, every core)
 
     @property
     def e2e(self) -> bool:
@@ -154,6 +156,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                 throughput_tok_s=_float(record.get("throughput_tok_s")),
                 ttft_ms=_float(record.get("ttft_ms")),
                 tpot_ms=_float(record.get("tpot_ms")),
+                threads=int(record["threads"]) if record.get("threads") else None,
             )
         )
     return rows
@@ -211,6 +214,7 @@ def predict_tok_s(row: Row, *, ideal: bool = False, bw_efficiency: float | None 
         bw_efficiency=bw_efficiency,
         step_overhead_s=step_overhead_s,
         engine=engine,
+        threads=None if ideal else row.threads,  # --ideal prices the peak, whatever the threads
     )
     return result.decode_tok_s
 
@@ -218,13 +222,14 @@ def predict_tok_s(row: Row, *, ideal: bool = False, bw_efficiency: float | None 
 def predict_prefill_tok_s(row: Row, *, ideal: bool = False, engine: str | EngineProfile | None = None) -> float | None:
     """Predicted prompt tokens/s of one prompt of the row's length: prompt / TTFT (None: no FLOPs figure)."""
     result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=1, tp=row.tp,
-                      ideal=ideal, engine=engine)
+                      ideal=ideal, engine=engine, threads=None if ideal else row.threads)
     return row.prompt_tokens / result.ttft_s if result.ttft_s else None
 
 
 def predict_e2e_tok_s(row: Row, *, ideal: bool = False) -> float | None:
     """Predicted output tokens / whole request time (TTFT + output x ITL), for end-to-end rows."""
-    result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens, ideal=ideal)
+    result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens, ideal=ideal,
+                      threads=None if ideal else row.threads)
     if result.ttft_s is None:
         return None
     return row.output_tokens / (result.ttft_s + row.output_tokens * result.itl_s)
@@ -419,11 +424,13 @@ def fit_kernel_cost_s(inputs: FitInputs, mask: np.ndarray) -> float:
 
 
 def fold_fits(inputs: FitInputs) -> dict[str, dict[str, float]]:
-    """Per fold, per kind: the per-kernel cost fitted on that fold's rows alone."""
-    return {
-        fold: {kind: fit_kernel_cost_s(inputs, (inputs.folds == fold) & (inputs.kinds == kind)) for kind in sorted(set(inputs.kinds))}
-        for fold in ("A", "B")
-    }
+    """Per fold, per kind: the per-kernel cost fitted on that fold's rows alone (NaN: the fold has no rows of that kind,
+    e.g. the CPU rows, all in fold B)."""
+    def fit(fold: str, kind: str) -> float:
+        mask = (inputs.folds == fold) & (inputs.kinds == kind)
+        return fit_kernel_cost_s(inputs, mask) if mask.any() else math.nan
+
+    return {fold: {kind: fit(fold, kind) for kind in sorted(set(inputs.kinds))} for fold in ("A", "B")}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -674,7 +681,8 @@ def main(argv: list[str] | None = None) -> int:
     cited = {kind: e.kernel_overhead_s for kind, e in defaults.items()}
 
     def scheme(fit_fold: str, fitted_kinds: tuple[str, ...]) -> dict[str, float]:
-        return {kind: fits[fit_fold][kind] if kind in fitted_kinds else cited[kind] for kind in defaults}
+        return {kind: fits[fit_fold][kind] if kind in fitted_kinds and not math.isnan(fits[fit_fold][kind]) else cited[kind]
+                for kind in defaults}
 
     for label, fitted_kinds in ((f"{'/'.join(FITTED_KINDS)} fitted, the rest cited (the shipped design)", FITTED_KINDS),
                                 ("every kind fitted (not shipped)", tuple(defaults))):  # fmt: skip
@@ -685,7 +693,10 @@ def main(argv: list[str] | None = None) -> int:
             errors = np.abs(inputs.predict_tok_s(costs) - inputs.measured_tok_s) / inputs.measured_tok_s * 100.0
             held = inputs.folds == test_fold
             cross[held] = errors[held]
-            used = ", ".join(f"{kind} {cost * 1e6:.1f} us{'' if kind in fitted_kinds else ' (cited)'}" for kind, cost in costs.items())
+            used = ", ".join(f"{kind} {cost * 1e6:.1f} us" + ("" if kind in fitted_kinds and not math.isnan(fits[fit_fold][kind])
+                                                              else " (cited)" if kind not in fitted_kinds
+                                                              else f" (cited: no fold-{fit_fold} rows)")
+                             for kind, cost in costs.items())
             print(f"    fit on {fit_fold} -> {used}; held-out fold {test_fold}: median {np.median(errors[held]):.1f}% / mean {errors[held].mean():.1f}%")
         print(f"    2-fold cross-fit (every row predicted from the other fold's fit): {len(rows)} rows, median {np.median(cross):.1f}% / mean {cross.mean():.1f}%")
     status = 0
@@ -696,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  shipped {kind}: {e.kernel_overhead_s * 1e6:.1f} us/kernel = the fold-A fit ({fitted * 1e6:.1f} us){'' if same else '  <-- MISMATCH: update catalog/efficiency.toml'}")
             status |= 0 if same else 1
         else:
-            print(f"  shipped {kind}: {e.kernel_overhead_s * 1e6:.1f} us/kernel, cited (the fold fits, {fits['A'][kind] * 1e6:.1f} and {fits['B'][kind] * 1e6:.1f} us, disagree)")
+            shown = [("no rows" if math.isnan(fits[fold][kind]) else f"{fits[fold][kind] * 1e6:.1f} us") for fold in ("A", "B")]
+            print(f"  shipped {kind}: {e.kernel_overhead_s * 1e6:.1f} us/kernel, cited (the fold fits: A {shown[0]}, B {shown[1]})")
     print()
     status |= print_gemm_fit(all_rows)
     return status

@@ -19,6 +19,7 @@ CSV_PATH = ACCURACY_DIR / "measurements.csv"
 COLUMNS = [
     "device", "model", "weights", "engine", "quantity", "fold", "prompt_tokens", "output_tokens", "concurrency", "tp",
     "decode_tok_s", "prefill_tok_s", "throughput_tok_s", "ttft_ms", "tpot_ms", "model_file_bytes", "metric", "source", "notes", "device_share",
+    "threads",
 ]  # fmt: skip
 # The measured figure(s) each quantity must carry; a serving row needs at least one of its three.
 FIGURES = {"decode": ("decode_tok_s",), "prefill": ("prefill_tok_s",), "serving": ("throughput_tok_s", "ttft_ms", "tpot_ms")}
@@ -82,6 +83,13 @@ def test_every_row_is_well_formed(record):
         bits = 8 * int(record["model_file_bytes"]) / resolve_model(record["model"]).total_params
         assert 2.0 < bits < 17.0  # a real file's bits per parameter is within the range of the formats used
     assert 0 < float(record["device_share"]) <= 1
+    # a CPU run's thread count is a run condition like its lengths: recorded where the source states it, and only
+    # on CPU rows (the number the notes quote)
+    if record["threads"]:
+        assert resolve_hardware(record["device"]).kind == "cpu"
+        assert f"threads {int(record['threads'])}" in record["notes"]
+    elif resolve_hardware(record["device"]).kind == "cpu":
+        assert "threads" not in record["notes"], "a CPU row whose notes state its threads must carry them"
 
 
 def test_xiongjiedai_llama2_rows_carry_their_notebook_run_lengths(score):
