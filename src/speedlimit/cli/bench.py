@@ -22,7 +22,8 @@ from speedlimit.artifacts import RunSummary, SweepSummary
 from speedlimit.bench.client import API_KEY_ENV, Endpoint, run_async
 from speedlimit.bench.compare import replay_for
 from speedlimit.bench.metrics import parse_slo
-from speedlimit.cli.options import flag_option
+from speedlimit.cli.options import (Burstiness, Concurrency, KneeFraction, PrefixGroups, PromptTokens, Rate, Requests,
+                                    Sweep, TimeScale, flag_option)
 from speedlimit.cli.bench_view import LiveProgress, print_interrupted, print_summary, print_warnings
 from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan, check_out_dir, parse_sweep, prepare_out_dir
 from speedlimit.bench.workload import parse_length_spec
@@ -47,30 +48,28 @@ def bench_command(
     api: str = typer.Option("completions", help="completions (/v1/completions) or chat (/v1/chat/completions)."),
     api_key: Optional[str] = typer.Option(None, envvar=API_KEY_ENV, help=f"Bearer key (or ${API_KEY_ENV}).",
                                           show_default=False),
-    prompt_tokens: str = typer.Option("128", help="Prompt length in tokens: N, uniform:LOW:HIGH or normal:MEAN:STD."),
+    prompt_tokens: PromptTokens = "128",
     output_tokens: int = typer.Option(64, help="Output tokens per request (max_tokens; forced unless --no-force-output)."),
     dataset: Optional[Path] = typer.Option(None, help="JSONL of prompts ({'prompt': ...} or {'messages': [...]}), "
                                                       "or multi-turn chats ({'conversation': [{'role', 'content'}, "
                                                       "...]}: one request per user turn, with the turns before it)."),
     prefix_tokens: int = typer.Option(0, help="A shared prefix of this many tokens on every prompt (exercises "
                                               "prefix caching); added to --prompt-tokens."),
-    prefix_groups: int = typer.Option(1, help="--prefix-tokens: this many distinct prefixes, prompt i starting with "
-                                              "prefix i mod groups."),
+    prefix_groups: PrefixGroups = 1,
     trace: Optional[Path] = typer.Option(None, help="Replay a JSONL trace: one request a line, sent at its "
                                                     "recorded time ({'arrival_s', 'prompt_tokens', "
                                                     "'output_tokens'}, or Mooncake's timestamp ms/input_length/"
                                                     "output_length)."),
-    time_scale: float = typer.Option(1.0, help="--trace: multiply its recorded times by this (0.5 = twice the "
-                                               "rate)."),
+    time_scale: TimeScale = 1.0,
     seed: int = typer.Option(0, help="Seed for prompts, lengths and arrival times."),
-    concurrency: Optional[int] = typer.Option(None, help="Closed loop: this many requests in flight (default 1)."),
-    rate: Optional[float] = typer.Option(None, help="Open loop: mean arrivals per second (inf = all at once)."),
-    burstiness: float = typer.Option(1.0, help="Gamma shape of arrivals: 1 Poisson, <1 burstier, >1 steadier."),
-    requests: Optional[int] = typer.Option(None, help="Requests to send (default 100 unless --duration)."),
+    concurrency: Concurrency = None,
+    rate: Rate = None,
+    burstiness: Burstiness = 1.0,
+    requests: Requests = None,
     duration: Optional[float] = typer.Option(None, help="Seconds to keep sending (instead of --requests)."),
     warmup: int = typer.Option(0, help="Requests sent first and left out of the results."),
-    sweep: Optional[str] = typer.Option(None, help="concurrency=1,2,4 or rate=0.5,1,2: one run per value + knee."),
-    knee_fraction: float = typer.Option(0.9, help="Knee = lowest load reaching this fraction of peak tok/s."),
+    sweep: Sweep = None,
+    knee_fraction: KneeFraction = 0.9,
     slo: Optional[str] = typer.Option(None, help="Goodput SLO, e.g. ttft=500ms,itl=50ms (keys ttft itl tpot e2e; itl "
                                                  "is per token: the request's nearest-rank p99, its max when < 100 "
                                                  "gaps)."),

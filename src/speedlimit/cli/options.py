@@ -13,7 +13,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from functools import cache
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated, Any, Optional, get_args, get_origin
 
 import typer
 import typer.core
@@ -30,6 +30,21 @@ def flag_option(names: str, help: str, *, default: bool | None = None) -> Any:
     if default is None:
         return typer.Option(names, metavar="", help=help)
     return typer.Option(default, names, metavar="", help=help)
+
+
+# The load and workload options `bench` sends and `simulate` replays draw for draw, declared once for both (each
+# command's parameter gives the default): `prompt_tokens: PromptTokens = "128"`.
+PromptTokens = Annotated[str, typer.Option(help="Prompt length in tokens: N, uniform:LOW:HIGH or normal:MEAN:STD.")]
+PrefixGroups = Annotated[int, typer.Option(help="--prefix-tokens: this many distinct prefixes, prompt i starting with "
+                                                "prefix i mod groups.")]
+TimeScale = Annotated[float, typer.Option(help="--trace: multiply its recorded times by this (0.5 = twice the rate).")]
+Concurrency = Annotated[Optional[int], typer.Option(help="Closed loop: this many requests in flight (default 1).")]
+Rate = Annotated[Optional[float], typer.Option(help="Open loop: mean arrivals per second (inf = all at once).")]
+Burstiness = Annotated[float, typer.Option(help="Gamma shape of arrivals: 1 Poisson, <1 burstier, >1 steadier.")]
+Requests = Annotated[Optional[int], typer.Option(help="Requests to send (default 100 unless --duration).")]
+Sweep = Annotated[Optional[str], typer.Option(help="concurrency=1,2,4 or rate=0.5,1,2: one run per value + knee (each "
+                                                   "level with prompts of its own).")]
+KneeFraction = Annotated[float, typer.Option(help="Knee = lowest load reaching this fraction of peak tok/s.")]
 
 
 class _FlagHelp:

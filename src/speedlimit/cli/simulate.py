@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from speedlimit.artifacts import RunSummary, SweepSummary, write_records
-from speedlimit.cli.options import flag_option, scenario_options
+from speedlimit.cli.options import (Burstiness, Concurrency, KneeFraction, PrefixGroups, PromptTokens, Rate, Requests,
+                                    Sweep, TimeScale, flag_option, scenario_options)
 from speedlimit.errors import SpeedlimitError
 
 
@@ -103,26 +104,25 @@ def simulate_command(
     inputs: dict[str, Any],
     sequence_overhead: Optional[float] = typer.Option(None, help="Engine cost per running sequence per step, seconds "
                                                                  "(default: the engine profile's)."),
-    prompt_tokens: str = typer.Option("128", help="Prompt length in tokens: N, uniform:LOW:HIGH or normal:MEAN:STD."),
+    prompt_tokens: PromptTokens = "128",
     output_tokens: str = typer.Option("64", help="Output tokens per request: N, uniform:LOW:HIGH or normal:MEAN:STD."),
     dataset: Optional[Path] = typer.Option(None, help="bench's JSONL of prompts (lengths in words, or prompt_tokens)."),
     prefix_tokens: int = typer.Option(0, help="bench's shared prefix: this many tokens start every prompt; added to "
                                               "--prompt-tokens."),
-    prefix_groups: int = typer.Option(1, help="--prefix-tokens: this many distinct prefixes, prompt i starting with "
-                                              "prefix i mod groups."),
+    prefix_groups: PrefixGroups = 1,
     trace: Optional[Path] = typer.Option(None, help="Replay bench's JSONL trace: each request at its recorded time "
                                                     "with its recorded lengths ({\"arrival_s\", \"prompt_tokens\", "
                                                     "\"output_tokens\"} or Mooncake's timestamp/input_length/"
                                                     "output_length)."),
-    time_scale: float = typer.Option(1.0, help="--trace: multiply its recorded times by this (0.5 = twice the rate)."),
+    time_scale: TimeScale = 1.0,
     seed: int = typer.Option(0, help="Seed for lengths and arrival times (bench's draws)."),
-    concurrency: Optional[int] = typer.Option(None, help="Closed loop: this many requests in flight (default 1)."),
-    rate: Optional[float] = typer.Option(None, help="Open loop: mean arrivals per second (inf = all at once)."),
-    burstiness: float = typer.Option(1.0, help="Gamma shape of arrivals: 1 Poisson, <1 burstier, >1 steadier."),
-    requests: Optional[int] = typer.Option(None, help="Requests to send (default 100 unless --duration)."),
+    concurrency: Concurrency = None,
+    rate: Rate = None,
+    burstiness: Burstiness = 1.0,
+    requests: Requests = None,
     duration: Optional[float] = typer.Option(None, help="Seconds of simulated time to keep sending."),
-    sweep: Optional[str] = typer.Option(None, help="concurrency=1,2,4 or rate=0.5,1,2: one run per value + knee."),
-    knee_fraction: float = typer.Option(0.9, help="Knee = lowest load reaching this fraction of peak tok/s."),
+    sweep: Sweep = None,
+    knee_fraction: KneeFraction = 0.9,
     slo: Optional[str] = typer.Option(None, help="Goodput SLO, e.g. ttft=1s,tpot=50ms (keys ttft itl tpot e2e)."),
     scheduler: Optional[str] = typer.Option(None, help="continuous (iteration-level batching) or serial (one request at "
                                                        "a time) with generic defaults (256 sequences, 8,192 tokens/step; "
