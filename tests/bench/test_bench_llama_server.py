@@ -115,6 +115,18 @@ async def test_sweep_levels_send_prompts_the_prefix_cache_has_not_seen(llama_cpp
     assert evaluated >= 0.9 * sent, (evaluated, sent)
 
 
+async def test_the_same_prompts_sent_again_are_flagged_as_prefix_cache_hits(llama_cpp_server):
+    # one run, then the very same seeded prompts again (what a sweep did before each level had its own seed): the
+    # server's own prompt_tokens_cached_total says the second run's prompts came from its cache, and bench says so
+    async with runner_for(llama_cpp_server, output=4, seed=11) as runner:
+        first = await runner.run(LoadPlan(concurrency=1, requests=4))
+        again = await runner.run(LoadPlan(concurrency=1, requests=4))
+    assert first.summary.server is not None and again.summary.server is not None
+    assert not any("prefix cache" in w for w in first.summary.warnings), first.summary.warnings
+    assert again.summary.server.prefix_cache_hit_rate > 0.9
+    assert any(w.startswith("the server answered") and "prefix cache" in w for w in again.summary.warnings)
+
+
 def test_metrics_and_slots_are_served(llama_cpp_server):
     status, text = get(llama_cpp_server.root_url + "/metrics")
     assert status == 200

@@ -193,3 +193,17 @@ def test_a_sweep_prints_each_levels_self_check(faulty_server, run_cli, tmp_path)
     sweep = SweepSummary.load(tmp_path / "sweep" / "summary.json")
     assert all(point.self_checks is not None and point.self_checks.output_length.exact == 6 for point in sweep.points)
     assert (tmp_path / "sweep" / "concurrency_1" / "requests.jsonl").is_file()
+
+
+def test_a_prefix_cache_answering_most_prompt_tokens_is_flagged_unless_the_prompts_share_a_prefix():
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.selfcheck import CACHED_PROMPT_SHARE_BAD, prefix_cache_warning
+
+    hot = ServerMetrics(engine="llamacpp", prefix_cache_hit_rate=0.93)
+    warning = prefix_cache_warning(hot, shared_prefix=False)
+    assert warning and warning.startswith("the server answered 93% of the prompt tokens from its prefix cache")
+    assert prefix_cache_warning(hot, shared_prefix=True) is None  # --prefix-tokens / a dataset: hits are the point
+    cool = ServerMetrics(engine="llamacpp", prefix_cache_hit_rate=CACHED_PROMPT_SHARE_BAD - 0.01)
+    assert prefix_cache_warning(cool, shared_prefix=False) is None
+    assert prefix_cache_warning(ServerMetrics(engine="unknown"), shared_prefix=False) is None  # no figure, no claim
+    assert prefix_cache_warning(None, shared_prefix=False) is None

@@ -28,7 +28,7 @@ from pydantic import ValidationError, model_validator
 from speedlimit.bench.client import Endpoint, check_server, make_session, raise_open_file_limit, send_request
 from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary, write_records
 from speedlimit.bench.metrics import find_knee, run_warnings, summarize
-from speedlimit.bench.selfcheck import LoopLagMonitor, check_warnings, cpu_seconds, self_checks
+from speedlimit.bench.selfcheck import LoopLagMonitor, check_warnings, cpu_seconds, prefix_cache_warning, self_checks
 from speedlimit.bench.server_metrics import DEFAULT_INTERVAL_S, MetricsScraper
 from speedlimit.bench.tokenizer import LocalTokenizer, ServerTokenizer, load_local_tokenizer, probe_tokenizer
 from speedlimit.bench.workload import (LengthSpec, RequestSpec, arrival_offsets_s, build_requests, load_dataset,
@@ -561,6 +561,10 @@ class BenchRunner:
         repeated = None if self.dataset is not None else repeated_prompt_warning(records, len(specs))
         if repeated:
             summary.warnings.append(repeated)
+        shared = bool(self.workload.prefix_tokens) or self.dataset is not None  # a trace's prompts are seeded text
+        cached = prefix_cache_warning(summary.server, shared_prefix=shared)
+        if cached:
+            summary.warnings.append(cached)
         if level and self.dataset is not None:
             summary.warnings.append(f"sweep level {level + 1} re-sent the --dataset prompts the levels before it sent "
                                     f"(in another order): a server with prefix caching may answer them from its cache, "

@@ -156,6 +156,21 @@ def self_checks(records: Sequence[RequestRecord], *, wall_s: float, cpu_s: float
                       ttft_vs_server=ttft_check(client_ttft, server), output_length=output_length_check(records))
 
 
+#: A server that answers at least this share of the prompt tokens from its prefix cache, on a run whose prompts share
+#: no prefix, measured cache hits, not prefills (a chat template's fixed tokens stay well below it at bench's lengths).
+CACHED_PROMPT_SHARE_BAD = 0.5
+
+
+def prefix_cache_warning(server: ServerMetrics | None, *, shared_prefix: bool) -> str | None:
+    """The server's own count of prompt tokens served from its prefix cache, when the workload meant none to be."""
+    hit = server.prefix_cache_hit_rate if server is not None else None
+    if shared_prefix or hit is None or hit < CACHED_PROMPT_SHARE_BAD:
+        return None
+    return (f"the server answered {hit:.0%} of the prompt tokens from its prefix cache, though this run's prompts "
+            f"share no prefix: its TTFTs are mostly cache hits, not prefills (prompts it had seen before: the same "
+            f"--seed run again against this server? use another --seed, or restart the server)")
+
+
 def check_warnings(checks: SelfChecks, forced_output: bool) -> list[str]:
     """The self-checks a reader of the numbers must not miss, one line each."""
     warnings = []
