@@ -109,6 +109,10 @@ async def test_sweep_levels_send_prompts_the_prefix_cache_has_not_seen(llama_cpp
     async with runner_for(llama_cpp_server, output=4, seed=7) as runner:
         summary = await runner.sweep("concurrency", [1.0, 2.0, 4.0], LoadPlan(concurrency=1, requests=4), tmp_path)
     assert [p.completed for p in summary.points] == [4, 4, 4]
+    from speedlimit.bench.workload import level_seed
+
+    # each level's summary says which seed its prompts came from (calibrate reads it)
+    assert [p.endpoint["workload"]["prompt_seed"] for p in summary.points] == [level_seed(7, i) for i in range(3)]
     sent = sum(p.prompt_tokens for p in summary.points)
     evaluated = prompt_tokens_evaluated(llama_cpp_server) - evaluated_before
     # synthetic prompts of random words share at most a first word; the old same-prompts sweep evaluated ~1/3 of this

@@ -209,3 +209,34 @@ def _cli(*args: str, env: dict[str, str] | None = None):
 
     return subprocess.run([sys.executable, "-m", "speedlimit.cli", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
+
+
+def _with_workloads(run: Path, seeds) -> Path:
+    """Give the sweep's levels bench's workload block: ``prompt_seed`` per level (None: a bench before it had one)."""
+    sweep = SweepSummary.load(run / "summary.json")
+    for point, seed in zip(sweep.points, seeds):
+        workload = {"prompt_tokens": {"kind": "fixed"}, "seed": 0, "dataset": None}
+        if seed is not None:
+            workload["prompt_seed"] = seed
+        point.endpoint = {"url": "http://synthetic/v1", "model": MODEL, "workload": workload}
+    sweep.save(run / "summary.json")
+    return run
+
+
+def test_a_sweep_whose_levels_shared_their_prompts_is_noted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from speedlimit.bench.workload import level_seed
+
+    levels = (1, 2, 4, 8)
+    clean = _with_workloads(write_sweep(tmp_path / "clean", levels=levels), [level_seed(0, i) for i in range(len(levels))])
+    assert "notes" not in sweep_levels(clean)[1]
+    old = _with_workloads(write_sweep(tmp_path / "old", levels=levels), [None] * len(levels))
+    note = sweep_levels(old)[1]["notes"][0]
+    assert note.startswith("this sweep does not record which prompts each level was sent")
+    same = _with_workloads(write_sweep(tmp_path / "same", levels=levels), [7, 7, 8, 9])
+    assert sweep_levels(same)[1]["notes"][0].startswith("levels of this sweep share a prompt seed")
+    # the calibration says so beside its figures
+    monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path / "config"))
+    result = runner.invoke(app, ["calibrate", str(old), "--hardware", HARDWARE, "--engine", "vllm", "--name", "olddeploy",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    assert any(n.startswith("this sweep does not record") for n in json.loads(result.output)["notes"])

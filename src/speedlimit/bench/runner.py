@@ -553,7 +553,7 @@ class BenchRunner:
             load = load.model_copy(update={"concurrency": None, "rate": None, "trace": str(self.workload.trace),
                                            "time_scale": self.workload.time_scale, "requests": n_requests})
         summary = summarize(records, duration_s, self.slo, source="bench", offered_load=load,
-                            endpoint=self.describe_endpoint(), interrupted=self.interrupted,
+                            endpoint=self.describe_endpoint(level), interrupted=self.interrupted,
                             warnings=run_warnings(records, self.workload.output_tokens, self.endpoint.force_output),
                             workers=workers_info)
         summary.server = scraper.summary() if scraper is not None else None
@@ -613,7 +613,9 @@ class BenchRunner:
         await asyncio.gather(*(recount(r) for r in todo))
         return bool(todo)
 
-    def describe_endpoint(self) -> dict[str, Any]:
+    def describe_endpoint(self, level: int = 0) -> dict[str, Any]:
+        """The endpoint and the workload sent (``prompt_seed``: the seed the run's prompts were drawn from, see
+        `level_seed`; a reader can tell whether two levels of a sweep sent the same prompts)."""
         tokenizer = None
         if isinstance(self.tokenizer, LocalTokenizer):
             tokenizer = f"{self.tokenizer.kind}:{self.tokenizer.source}"
@@ -625,7 +627,8 @@ class BenchRunner:
                 "workload": {"prompt_tokens": vars(self.workload.prompt_tokens),
                              "output_tokens": self.workload.output_tokens,
                              "dataset": str(self.workload.dataset) if self.workload.dataset else None,
-                             "seed": self.workload.seed, "prefix_tokens": self.workload.prefix_tokens,
+                             "seed": self.workload.seed, "prompt_seed": level_seed(self.workload.seed, level),
+                             "prefix_tokens": self.workload.prefix_tokens,
                              "prefix_groups": self.workload.prefix_groups,
                              "trace": str(self.workload.trace) if self.workload.trace else None,
                              "time_scale": self.workload.time_scale}}

@@ -395,6 +395,7 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
                              step_overhead_s=float(step.machine.step_overhead_s),
                              sequence_overhead_s=float(step.machine.sequence_overhead_s))
     fit = fit_deployment(points, prior)
+    fit.notes.extend(info.get("notes", []))
     refusal = fit.refusal()
     saved: Path | None = None
     problem: str | None = None

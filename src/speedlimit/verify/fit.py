@@ -637,7 +637,29 @@ def sweep_levels(path: Path) -> tuple[list[SweepLevel], dict[str, Any]]:
         levels.append(SweepLevel(load=float(load), concurrency=float(concurrency), requests=requests))
     if not any(level.requests for level in levels):
         raise SpeedlimitError(f"{path}: no completed request with token counts and inter-token gaps")
+    shared = shared_prompts_note([run for _, run in runs])
+    if shared:
+        info["notes"] = [shared]
     return levels, info
+
+
+def shared_prompts_note(runs: list[RunSummary]) -> str | None:
+    """A note when a bench sweep's levels were sent the same synthetic prompts: bench before it drew each level's
+    prompts from its own seed (no ``prompt_seed`` in the workload block), or levels that share one. A prefix-caching
+    server then answered the later levels' prompts from its cache, so their TPOTs ran without the prompt work real
+    traffic brings."""
+    workloads = [(run.endpoint or {}).get("workload") for run in runs]
+    if len(runs) < 2 or any(not isinstance(w, dict) for w in workloads) or any(w.get("dataset") for w in workloads):
+        return None  # a single run, a simulated run (no endpoint), or the user's own dataset
+    seeds = [w.get("prompt_seed") for w in workloads]
+    if None not in seeds and len(set(seeds)) == len(seeds):
+        return None
+    effect = ("a server with prefix caching answered the later levels' prompts from its cache, so their decode steps "
+              "ran without the prompt work of real traffic; re-measure with this bench for a clean fit")
+    if None in seeds:
+        return (f"this sweep does not record which prompts each level was sent, and bench before 2026-12-03 sent every "
+                f"level the same ones: if it did, {effect}")
+    return f"levels of this sweep share a prompt seed, so they were sent the same prompts: {effect}"
 
 
 def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str, sources: list[str]) -> dict[str, Any]:
