@@ -16,6 +16,10 @@ larger than this machine's noise.
 The band is only meaningful when the machine is not oversubscribed: with a 1-minute load average above the core
 count, other jobs' threads take the server's cores mid-run (measured: llama-server's TPOT jumped from 10 ms to 300 ms
 between two points run a minute apart at load 3.7), and the test skips instead of reporting noise as a model error.
+The load average cannot see a burst that starts after the check: in a 2026-12-03 CI dry run, mid-suite, the
+llama-cpp-python server's concurrency-4 TPOT p50 came out 41.9 ms against 14.2 predicted (ratio 3.0), and the same
+test alone minutes later passed. So a validation outside the band is run once more, fit point and held-out point
+together; a model error misses on both attempts, a burst of other work rarely lasts through both.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 pytestmark = pytest.mark.server
 
 BAND = 2.5  # measured ÷ predicted must lie within [1/BAND, BAND]
+ATTEMPTS = 2  # a point outside the band is measured once more (see the module docstring)
 CHECKED = ("TTFT p50", "TPOT p50", "output tok/s")
 
 
@@ -58,9 +63,14 @@ def test_simulated_engine_agrees_with_the_real_one_under_load(engine, this_machi
         pytest.skip(f"llama.cpp's llama-server is not built at {validate_simulate.LLAMA_SERVER}")
     if engine == "llama-cpp-python":
         pytest.importorskip("llama_cpp.server")
-    result = validate_simulate.validate(engine, this_machine, tmp_path, [1, 4], requests=6, prompt=128, output=24)
-    held_out = [row for row in result["rows"] if row["prediction"] == "engine profile" and row["concurrency"] == 4]
-    assert held_out and held_out[0]["failed"] <= 3  # llama-server drops reused connections: see the hardening issue
-    for name in CHECKED:
-        ratio = held_out[0][name]["ratio"]
-        assert ratio is not None and 1 / BAND <= ratio <= BAND, (engine, name, held_out[0][name])
+    misses: list[tuple] = []
+    for attempt in range(ATTEMPTS):
+        result = validate_simulate.validate(engine, this_machine, tmp_path / f"attempt_{attempt}", [1, 4], requests=6,
+                                            prompt=128, output=24)
+        held_out = [row for row in result["rows"] if row["prediction"] == "engine profile" and row["concurrency"] == 4]
+        assert held_out and held_out[0]["failed"] <= 3  # llama-server drops reused connections: see the hardening issue
+        misses = [(engine, name, held_out[0][name]) for name in CHECKED
+                  if held_out[0][name]["ratio"] is None or not 1 / BAND <= held_out[0][name]["ratio"] <= BAND]
+        if not misses:
+            break
+    assert not misses, misses  # outside the band on every attempt: a model error, not a burst of other work
