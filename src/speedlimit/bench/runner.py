@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterable, Sequence
 from pydantic import ValidationError, model_validator
 
 from speedlimit.bench.client import Endpoint, check_server, make_session, raise_open_file_limit, send_request
-from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary, write_records
+from speedlimit.artifacts import (LoadInfo, RequestRecord, RunSummary, ServerMetrics, SweepInfo, SweepSummary,
+                                 write_records)
 from speedlimit.bench.metrics import find_knee, run_warnings, summarize
 from speedlimit.bench.selfcheck import LoopLagMonitor, check_warnings, cpu_seconds, prefix_cache_warning, self_checks
 from speedlimit.bench.server_metrics import DEFAULT_INTERVAL_S, MetricsScraper
@@ -557,19 +558,7 @@ class BenchRunner:
                             warnings=run_warnings(records, self.workload.output_tokens, self.endpoint.force_output),
                             workers=workers_info)
         summary.server = scraper.summary() if scraper is not None else None
-        # a dataset's rows are the user's own prompts (and a conversation's turns share prefixes on purpose)
-        repeated = None if self.dataset is not None else repeated_prompt_warning(records, len(specs))
-        if repeated:
-            summary.warnings.append(repeated)
-        shared = bool(self.workload.prefix_tokens) or self.dataset is not None  # a trace's prompts are seeded text
-        cached = prefix_cache_warning(summary.server, shared_prefix=shared)
-        if cached:
-            summary.warnings.append(cached)
-        if level and self.dataset is not None:
-            summary.warnings.append(f"sweep level {level + 1} re-sent the --dataset prompts the levels before it sent "
-                                    f"(in another order): a server with prefix caching may answer them from its cache, "
-                                    f"so this level's TTFT can be lower than a first sending's; give each level its "
-                                    f"own dataset, or restart the server between levels, to measure full prefills")
+        summary.warnings += self.prompt_reuse_warnings(records, len(specs), summary.server, level)
         # CPU over the window the load ran (first send to last end): with --workers, the wall clock above also holds
         # the clock pings and the start barrier
         busy_s = duration_s if duration_s > 0 else wall_s
@@ -612,6 +601,23 @@ class BenchRunner:
 
         await asyncio.gather(*(recount(r) for r in todo))
         return bool(todo)
+
+    def prompt_reuse_warnings(self, records: list[RequestRecord], distinct: int, server: ServerMetrics | None,
+                              level: int) -> list[str]:
+        """Where this run's TTFTs may be prefix-cache hits rather than prefills: synthetic prompts re-sent past the
+        pool, a server that says it answered most prompt tokens from its cache, a later sweep level of a dataset."""
+        if self.dataset is None:
+            # a trace's prompts are seeded text too; only --prefix-tokens shares a prefix on purpose
+            warnings = [repeated_prompt_warning(records, distinct),
+                        prefix_cache_warning(server, shared_prefix=bool(self.workload.prefix_tokens))]
+            return [warning for warning in warnings if warning]
+        # a dataset's rows are the user's own prompts (and a conversation's turns share prefixes on purpose)
+        if not level:
+            return []
+        return [f"sweep level {level + 1} re-sent the --dataset prompts the levels before it sent (in another order): "
+                f"a server with prefix caching may answer them from its cache, so this level's TTFT can be lower than "
+                f"a first sending's; give each level its own dataset, or restart the server between levels, to "
+                f"measure full prefills"]
 
     def describe_endpoint(self, level: int = 0) -> dict[str, Any]:
         """The endpoint and the workload sent (``prompt_seed``: the seed the run's prompts were drawn from, see

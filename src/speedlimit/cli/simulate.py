@@ -18,11 +18,11 @@ from speedlimit.cli.options import (Burstiness, Concurrency, KneeFraction, Prefi
 from speedlimit.errors import SpeedlimitError
 
 
-
 def _prefill_label(engine: dict) -> str:
     if engine.get("chunked_prefill"):
         return "chunked prefill"
     return "whole prefill" if engine.get("prefill_first", True) else "whole prefill mixed with decodes"
+
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:,.2f}"
