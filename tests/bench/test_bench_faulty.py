@@ -214,3 +214,22 @@ async def test_a_dataset_sweep_warns_that_later_levels_re_send_its_prompts(fault
     assert any(w.startswith("sweep level 2 re-sent the --dataset prompts") for w in second.warnings)
     saved = json.loads((tmp_path / "sweep" / "concurrency_2" / "summary.json").read_text())
     assert any("re-sent the --dataset prompts" in w for w in saved["warnings"])  # the level's own file says so too
+
+
+async def test_a_warm_up_stops_at_its_first_failed_request(faulty_server, monkeypatch):
+    import speedlimit.bench.runner as runner_module
+
+    sent = []
+    real_send = runner_module.send_request
+
+    async def counting_send(session, endpoint, spec):
+        sent.append(spec.prompt)
+        return await real_send(session, endpoint, spec)
+
+    monkeypatch.setattr(runner_module, "send_request", counting_send)
+    endpoint = Endpoint(faulty_server.url("hang"), model="fake-model", timeout_s=0.2)
+    async with BenchRunner(endpoint, WorkloadPlan(LengthSpec("fixed", 8), 4, None, 0)) as runner:
+        result = await runner.run(LoadPlan(concurrency=1, requests=2, warmup=6))
+    # one warm-up request timed out, so the other five were never sent; the measured run sent its two and kept them
+    assert len(sent) == 1 + 2
+    assert [r.error_kind for r in result.records] == ["timeout", "timeout"]

@@ -484,9 +484,12 @@ class BenchRunner:
             specs = await self.specs(plan.pool_size(self.workload.prompt_tokens.mean), level=level)
         if plan.warmup and self.interrupted is None:
             warm = await self.specs(min(plan.warmup, MAX_PROMPT_POOL), level=level, salt=WARMUP_SALT)
-            self._sender = _Sender(self.session, self.endpoint, lambda r: None)
+            sender = self._sender = _Sender(self.session, self.endpoint, lambda r: None)
+            # a failed warm-up request warms nothing: stop the warm-up there (against a hung server it would cost
+            # --warmup x --timeout before the run) and let the measured run meet and record the failure
+            sender.on_record = lambda record: None if record.ok else sender.stop()
             try:
-                await run_closed_loop(self._sender, warm, plan.warmup, plan.concurrency or 1, None)
+                await run_closed_loop(sender, warm, plan.warmup, plan.concurrency or 1, None)
             finally:
                 self._sender = None
         sink = RecordSink(out_dir / "requests.jsonl" if out_dir else None)

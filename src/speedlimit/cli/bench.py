@@ -67,7 +67,8 @@ def bench_command(
     burstiness: Burstiness = 1.0,
     requests: Requests = None,
     duration: Optional[float] = typer.Option(None, help="Seconds to keep sending (instead of --requests)."),
-    warmup: int = typer.Option(0, help="Requests sent first and left out of the results."),
+    warmup: int = typer.Option(0, help="Requests sent first and left out of the results (the warm-up stops at its "
+                                       "first failed request)."),
     sweep: Sweep = None,
     knee_fraction: KneeFraction = 0.9,
     slo: Optional[str] = typer.Option(None, help="Goodput SLO, e.g. ttft=500ms,itl=50ms (keys ttft itl tpot e2e; itl "
