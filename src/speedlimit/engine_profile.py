@@ -75,6 +75,8 @@ class EngineProfile(BaseModel):
     prefill_first: Sourced | None = None
     prefix_caching: Sourced
     kv: Sourced
+    # the KV format it runs with fp8 weights (a vendor's FP8 checkpoint and its recommended config); None: `kv`
+    fp8_weights_kv: Sourced | None = None
     # step costs (None: the device kind's default)
     cuda_graphs: Sourced | None = None
     kernel_fraction: Sourced | None = None
@@ -132,6 +134,13 @@ class EngineProfile(BaseModel):
             raise ValueError(f"must be fp16_acc16, got {field.value!r}")
         return field
 
+    @field_validator("kv", "fp8_weights_kv")
+    @classmethod
+    def _kv_name(cls, field: Sourced | None) -> Sourced | None:
+        if field is not None and (not isinstance(field.value, str) or not field.value):
+            raise ValueError(f"must be a KV format name (fp16, bf16, fp8, ...), got {field.value!r}")
+        return field
+
     @field_validator("gemm_efficiency")
     @classmethod
     def _curve(cls, field: Sourced | None) -> Sourced | None:
@@ -157,6 +166,12 @@ class EngineProfile(BaseModel):
     def gemm_points(self) -> tuple[tuple[float, float], ...]:
         points = _value(self.gemm_efficiency) or []
         return tuple((float(t), float(e)) for t, e in points)
+
+    def default_kv(self, weights_compute_dtype: str | None) -> str:
+        """The KV format it runs by default with weights that compute in ``weights_compute_dtype`` (None: unknown)."""
+        if self.fp8_weights_kv is not None and weights_compute_dtype == "fp8":
+            return self.fp8_weights_kv.value
+        return self.kv.value
 
     def sourced_values(self) -> dict[str, Sourced]:
         """Every value the profile gives (name → `Sourced`)."""

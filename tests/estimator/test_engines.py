@@ -311,6 +311,9 @@ def test_web_api_accepts_engine() -> None:
     assert client.post("/api/curve", json=body).status_code == 200
     bad = client.post("/api/estimate", json={**body, "engine": "warp"})
     assert bad.status_code == 422 and "unknown" in bad.json()["detail"] and "vllm" in bad.json()["detail"]
+    # no kv in the body (the page's "engine default"): the engine's own default for these weights
+    trt = client.post("/api/estimate", json={**body, "engine": "tensorrt-llm", "weights": "fp8"}).json()
+    assert trt["kv"] == "fp8"
     engines = client.get("/api/engines").json()
     assert {e["name"] for e in engines} >= set(ISSUE_ENGINES)
     assert all(v["source"] or v["fitted"] for e in engines for v in e["values"].values())
@@ -327,4 +330,39 @@ def test_gemm_curve_has_at_most_two_anchors() -> None:
     base = dict(catalog_engine("vllm").model_dump())
     base["gemm_efficiency"] = {"value": [[1, 0.1], [2, 0.2], [3, 0.3]], "source": "https://example.org/x"}
     with pytest.raises(ValueError, match="two"):
+        EngineProfile.model_validate(base)
+
+
+def test_tensorrt_llm_runs_fp8_weights_with_an_fp8_kv_cache() -> None:
+    """NVIDIA's recommended TensorRT-LLM config for its FP8 checkpoints sets an fp8 KV cache (engines.toml
+    fp8_weights_kv): half the KV bytes per token of bf16 weights' cache, so twice the sequences fit."""
+    fp8 = estimate("llama-3.3-70b", "h100-sxm", weights="fp8", engine="tensorrt-llm", tp=2)
+    bf16 = estimate("llama-3.3-70b", "h100-sxm", weights="bf16", engine="tensorrt-llm", tp=2)
+    assert (fp8.kv, bf16.kv) == ("fp8", "bf16")
+    assert fp8.kv_bytes_per_token == pytest.approx(bf16.kv_bytes_per_token / 2)
+    # an explicit --kv wins; engines without the rule keep their one default
+    assert estimate("llama-3.3-70b", "h100-sxm", weights="fp8", engine="tensorrt-llm", tp=2, kv="bf16").kv == "bf16"
+    assert estimate("llama-3.3-70b", "h100-sxm", weights="fp8", engine="vllm", tp=2).kv == "bf16"
+    assert estimate("llama-3.1-8b", "h100-sxm", weights="q4_k_m").kv == "fp16"
+    # one format per group: the rule applies only when every group computes in fp8
+    mixed = estimate("llama-3.1-8b", "h100-sxm", weights="attention=bf16,default=fp8", engine="tensorrt-llm")
+    assert mixed.kv == "bf16"
+
+
+def test_simulate_takes_the_kv_format_from_the_engine_as_estimate_does() -> None:
+    from speedlimit.simulator.api import simulate
+
+    run = simulate("llama-3.3-70b", "h100-sxm", weights="fp8", tp=2, engine="tensorrt-llm", concurrency=2, requests=2,
+                   prompt_tokens=64, output_tokens=4)
+    assert run.summary.engine["kv"] == "fp8"
+    fp16 = simulate("llama-3.3-70b", "h100-sxm", weights="fp8", tp=2, engine="tensorrt-llm", kv="fp16", concurrency=2,
+                    requests=2, prompt_tokens=64, output_tokens=4)
+    assert fp16.summary.engine["kv"] == "fp16"
+    assert run.summary.engine["kv_capacity_tokens"] == pytest.approx(2 * fp16.summary.engine["kv_capacity_tokens"], rel=0.01)
+
+
+def test_profile_kv_formats_must_be_names() -> None:
+    base = dict(catalog_engine("tensorrt-llm").model_dump())
+    base["fp8_weights_kv"] = {"value": 8, "source": "https://example.org/x"}
+    with pytest.raises(ValueError, match="KV format name"):
         EngineProfile.model_validate(base)

@@ -267,7 +267,7 @@ def test_serving_view_draws_latency_and_throughput_against_load(browser, server_
     _settle_serving(page, 0)
     data = page.evaluate("window.speedlimit.simLast")
     expected = api.post("/api/simulate", json={"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "16",
-                                               "kv": "fp16", "batch": 1, "prompt": 512, "output": 128, "tp": 1,
+                                               "batch": 1, "prompt": 512, "output": 128, "tp": 1,
                                                "ideal": False, "load": "concurrency", "values": [1, 4, 16, 64]}
                         ).json()  # the page's default: the engine profile's own scheduler (llama.cpp)
     assert [p["load"] for p in data["points"]] == [1, 4, 16, 64]
@@ -362,10 +362,11 @@ def test_engine_selector_sends_the_profile_and_shows_exactly_the_apis_answer(bro
     assert options[0] == ["", f"default ({default['label']})"]
     assert [value for value, _ in options[1:]] == [e["name"] for e in engines]
     assert ["vllm", "vllm — vLLM (V1 engine)"] in options
-    assert bodies and all("engine" not in body for _, body in bodies)  # unset: the API's default profile
+    # unset: the API's default profile, and that engine's default KV format
+    assert bodies and all("engine" not in body and "kv" not in body for _, body in bodies)
     default_tok_s = _shown_tok_s(page)
 
-    base = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "16", "kv": "fp16", "batch": 1, "prompt": 512,
+    base = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "16", "batch": 1, "prompt": 512,
             "output": 128, "tp": 1, "ideal": False}
     assert default_tok_s == api.post("/api/curve", json=base).json()["estimate"]["decode_tok_s"]
     bodies.clear()

@@ -329,6 +329,16 @@ class StepModel(NamedTuple):
         return free if math.isfinite(free) else math.inf
 
 
+def _weights_compute_dtype(weights: Precision | WeightFormats | None) -> str | None:
+    """The compute dtype every weight group shares (None: none given, or groups that differ)."""
+    if weights is None:
+        return None
+    if isinstance(weights, WeightFormats):
+        dtypes = {fmt.compute_dtype for fmt in weights.formats}
+        return dtypes.pop() if len(dtypes) == 1 else None
+    return weights.compute_dtype
+
+
 def resolve(scenario: Scenario) -> StepModel:
     """Look up the model, hardware and engine a scenario names, check they go together, and build its cost model and machine."""
     arch = scenario.model if isinstance(scenario.model, Architecture) else resolve_model(scenario.model)
@@ -346,7 +356,8 @@ def resolve(scenario: Scenario) -> StepModel:
     if isinstance(weights, WeightFormats):
         check_weight_groups(arch, weights)
         weights = weights.uniform or weights  # one format named per group is that format
-    kv = parse_precision(scenario.kv if scenario.kv is not None else engine.kv.value, what="kv")
+    kv = parse_precision(scenario.kv if scenario.kv is not None else engine.default_kv(_weights_compute_dtype(weights)),
+                         what="kv")
     efficiency, terms = engine_efficiency(scenario, device, engine)
     cost, bits = cost_model(arch, weights, kv)
     replicas = kv_replicas(arch, scenario.tp)

@@ -698,7 +698,7 @@ def _slo(slo: Any) -> dict[str, float]:
     return parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
 
 
-def simulate(model: Any, hardware: Any, *, weights=None, kv="fp16", compute=None, tp: int = 1, pp: int = 1, ep: int = 1,
+def simulate(model: Any, hardware: Any, *, weights=None, kv=None, compute=None, tp: int = 1, pp: int = 1, ep: int = 1,
              dp: int = 1, ideal: bool = False, threads: int | None = None, numa: str | None = None,
              bw_efficiency: float | None = None, flops_efficiency: float | None = None,
              step_overhead_s: float | None = None, sequence_overhead_s: float | None = None,

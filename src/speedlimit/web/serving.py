@@ -182,7 +182,7 @@ def _command_line(body: Any, scenario: Any, parameter: str, values: list[float],
              "step_overhead_s": "--step-overhead"}
     for field, flag in flags.items():
         value = inputs.get(field)
-        if value is None or (field == "kv" and value == "fp16") or (field in ("tp", "pp", "dp", "ep") and value == 1):
+        if value is None or (field in ("tp", "pp", "dp", "ep") and value == 1):
             continue
         argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     if inputs.get("ideal"):

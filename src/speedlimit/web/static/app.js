@@ -4,7 +4,8 @@
 
 const BITS = [2, 3, 4, 5, 6, 8, 16];
 // engine: the serving-engine profile (GET /api/engines); "" leaves it unset, i.e. the API's default (llama.cpp).
-const DEFAULTS = { model: "llama-3.1-8b", hardware: "h100-sxm", engine: "", weights: "16", kv: "fp16", batch: 1, prompt: 512, output: 1000, tp: 1, pp: 1, dp: 1, ep: 1, ideal: false };
+// kv: "" leaves it unset, i.e. the engine's default KV format (llama.cpp: fp16; TensorRT-LLM with fp8 weights: fp8).
+const DEFAULTS = { model: "llama-3.1-8b", hardware: "h100-sxm", engine: "", weights: "16", kv: "", batch: 1, prompt: 512, output: 1000, tp: 1, pp: 1, dp: 1, ep: 1, ideal: false };
 // Parallelism beyond tp stays out of the URL at its default, so that shared links read as before.
 const PARALLEL = ["pp", "dp", "ep"];
 const DEBOUNCE_MS = 16;
@@ -108,7 +109,8 @@ function writeState(state) {
   const bitsIndex = BITS.indexOf(Number(state.weights));
   if (bitsIndex >= 0) { $("weights-bits").value = bitsIndex; $("weights-format").value = ""; }
   else selectValue($("weights-format"), String(state.weights), `${state.weights} (as given)`);
-  selectValue($("kv"), String(state.kv), `${state.kv} (as given)`);
+  if (state.kv) selectValue($("kv"), String(state.kv), `${state.kv} (as given)`);
+  else $("kv").value = "";
   $("batch").value = state.batch;
   $("batch-range").value = Math.log2(Math.max(1, state.batch));
   $("prompt").value = state.prompt;
@@ -156,7 +158,7 @@ function stateToUrl(state) {
   const q = new URLSearchParams();
   for (const [key, value] of Object.entries(state)) {
     if (key === "ideal") { if (value) q.set("ideal", "1"); }
-    else if (key === "engine") { if (value) q.set("engine", value); }
+    else if (key === "engine" || key === "kv") { if (value) q.set(key, value); }
     else if (PARALLEL.includes(key)) { if (value !== 1) q.set(key, String(value)); }
     else q.set(key, String(value));
   }
@@ -176,6 +178,7 @@ function syncLabels() {
 function requestBody(state) {
   const body = { ...state };
   if (!body.engine) delete body.engine;  // unset: the API's default engine profile
+  if (!body.kv) delete body.kv;  // unset: that engine's default KV format
   const text = $("config").value.trim();
   if (text) {
     let config;
