@@ -48,7 +48,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -109,6 +109,8 @@ class Row:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     threads: int | None = None  # CPU runs: the thread count the source ran (blank: llama.cpp's default, every core)
+    # serving rows: the engine settings the source's own command line sets (SOURCES.md, `engine_args`)
+    engine_args: tuple[tuple[str, Any], ...] = ()
 
     @property
     def e2e(self) -> bool:
@@ -126,6 +128,28 @@ def fold_of_source(source: str) -> str:
 
 def _float(value: str | None) -> float | None:
     return float(value) if value not in (None, "") else None
+
+
+#: The engine settings a serving row may carry (`engine_args`), as simulate's keyword arguments, and their types.
+ENGINE_ARG_TYPES: dict[str, type] = {"max_seqs": int, "max_batched_tokens": int, "chunked_prefill": bool, "kv": str}
+
+
+def parse_engine_args(text: str, index: int = 0) -> tuple[tuple[str, Any], ...]:
+    """``"max_seqs=1024;max_batched_tokens=32768"`` -> (("max_seqs", 1024), ("max_batched_tokens", 32768))."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        key, _, value = item.partition("=")
+        kind = ENGINE_ARG_TYPES.get(key.strip())
+        if kind is None or not value.strip():
+            raise ValueError(f"row {index}: engine_args {item!r}: give key=value with a key of {', '.join(ENGINE_ARG_TYPES)}")
+        value = value.strip()
+        if kind is bool:
+            if value not in ("true", "false"):
+                raise ValueError(f"row {index}: engine_args {item!r}: true or false")
+            pairs.append((key.strip(), value == "true"))
+        else:
+            pairs.append((key.strip(), kind(value)))
+    return tuple(pairs)
 
 
 def load_rows(path: Path = CSV_PATH) -> list[Row]:
@@ -157,6 +181,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                 ttft_ms=_float(record.get("ttft_ms")),
                 tpot_ms=_float(record.get("tpot_ms")),
                 threads=int(record["threads"]) if record.get("threads") else None,
+                engine_args=parse_engine_args(record.get("engine_args") or "", index),
             )
         )
     return rows
@@ -237,8 +262,10 @@ def predict_e2e_tok_s(row: Row, *, ideal: bool = False) -> float | None:
 
 def predict_serving(row: Row, *, ideal: bool = False, engine: str | None = None) -> dict[str, float | None]:
     """Predicted aggregate output tok/s and TPOT (ms) at the row's concurrency (estimate's steady batch), TTFT n/a."""
+    # the row's own KV format, where its command line sets one, with its engine's profile
+    kv = dict(row.engine_args).get("kv") if engine is not None else None
     result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens,
-                      batch=row.concurrency, tp=row.tp, ideal=ideal, engine=engine)  # fmt: skip
+                      batch=row.concurrency, tp=row.tp, ideal=ideal, engine=engine, kv=kv)  # fmt: skip
     return {"throughput_tok_s": result.throughput_tok_s, "tpot_ms": result.itl_s * 1e3, "ttft_ms": None}
 
 
@@ -261,13 +288,14 @@ def predict_serving_simulated(row: Row, *, engine: str | None = None) -> dict[st
     """The row's closed-loop load simulated (`speedlimit.simulator.api.simulate`): mean output tok/s, TPOT and TTFT (ms).
 
     ``engine=None`` is the default engine (llama.cpp's scheduler: 4 slots, 2,048 tokens per step); a profile name
-    runs that engine's scheduler and step costs."""
+    runs that engine's scheduler and step costs, with the settings the row's command line gives (`engine_args`)."""
     from speedlimit.errors import SpeedlimitError
     from speedlimit.simulator.api import simulate
 
     concurrency = int(row.concurrency or 1)
     try:
-        run = simulate(row.model, row_hardware(row), weights=row_weights(row), tp=row.tp, engine=engine,
+        settings = dict(row.engine_args) if engine is not None else {}
+        run = simulate(row.model, row_hardware(row), weights=row_weights(row), tp=row.tp, engine=engine, **settings,
                        concurrency=concurrency, requests=SIMULATED_ROUNDS * concurrency, prompt_tokens=row.prompt_tokens,
                        output_tokens=row.output_tokens).summary
     except SpeedlimitError as error:  # e.g. the prefill-first scheduler's stall (see benchmarks/README.md)

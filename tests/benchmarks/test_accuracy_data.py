@@ -19,7 +19,7 @@ CSV_PATH = ACCURACY_DIR / "measurements.csv"
 COLUMNS = [
     "device", "model", "weights", "engine", "quantity", "fold", "prompt_tokens", "output_tokens", "concurrency", "tp",
     "decode_tok_s", "prefill_tok_s", "throughput_tok_s", "ttft_ms", "tpot_ms", "model_file_bytes", "metric", "source", "notes", "device_share",
-    "threads",
+    "threads", "engine_args",
 ]  # fmt: skip
 # The measured figure(s) each quantity must carry; a serving row needs at least one of its three.
 FIGURES = {"decode": ("decode_tok_s",), "prefill": ("prefill_tok_s",), "serving": ("throughput_tok_s", "ttft_ms", "tpot_ms")}
@@ -31,13 +31,19 @@ def _records() -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+def score_module():
+    """benchmarks/accuracy/score.py, imported once (it is a script, not a package module)."""
+    if "accuracy_score" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("accuracy_score", ACCURACY_DIR / "score.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["accuracy_score"]
+
+
 @pytest.fixture(scope="module")
 def score():
-    spec = importlib.util.spec_from_file_location("accuracy_score", ACCURACY_DIR / "score.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return score_module()
 
 
 def test_csv_has_the_documented_columns_and_enough_rows():
@@ -82,6 +88,10 @@ def test_every_row_is_well_formed(record):
     if record["model_file_bytes"]:
         bits = 8 * int(record["model_file_bytes"]) / resolve_model(record["model"]).total_params
         assert 2.0 < bits < 17.0  # a real file's bits per parameter is within the range of the formats used
+        # and near its weight type's own bits (embeddings and mixes move it by a few percent; the ik_llama.cpp
+        # README's Mixtral sizes, at twice their type's bits, were the reason for this check: SOURCES.md erratum)
+        nominal = parse_precision(record["weights"]).bits
+        assert 0.75 * nominal < bits < 1.35 * nominal, (bits, nominal)
     assert 0 < float(record["device_share"]) <= 1
     # a CPU run's thread count is a run condition like its lengths: recorded where the source states it, and only
     # on CPU rows (the number the notes quote)
@@ -90,6 +100,17 @@ def test_every_row_is_well_formed(record):
         assert f"threads {int(record['threads'])}" in record["notes"]
     elif resolve_hardware(record["device"]).kind == "cpu":
         assert "threads" not in record["notes"], "a CPU row whose notes state its threads must carry them"
+    # engine settings are a serving row's run conditions, each one printed in its notes (the command line)
+    if record["engine_args"]:
+        assert record["quantity"] == "serving"
+        flags = {"max_seqs": ("--max-num-seqs", "--max-running-requests", "--max_batch_size"),
+                 "max_batched_tokens": ("--max-num-batched-tokens", "--chunked-prefill-size", "--max_num_tokens"),
+                 "chunked_prefill": ("--enable-chunked-prefill", "--no-enable-chunked-prefill", "enable_chunked_prefill"),
+                 "kv": ("--kv-cache-dtype", "kv_cache_config")}
+        for key, value in score_module().parse_engine_args(record["engine_args"]):
+            assert any(flag in record["notes"] for flag in flags[key]), (key, record["notes"][:200])
+            if not isinstance(value, bool):
+                assert str(value) in record["notes"], (key, value)
 
 
 def test_xiongjiedai_llama2_rows_carry_their_notebook_run_lengths(score):
@@ -177,3 +198,16 @@ def test_shipped_fitted_kernel_cost_is_the_fold_a_fit(score, capsys):
     assert f"shipped {score.GEMM_FIT_PROFILE}: {score.shipped_gemm_efficiency():.3f} = the fold-A fit" in out
     for quantity in ("decode:", "prefill:", "serving throughput:", "TPOT under load:", "TTFT under load:"):
         assert quantity in out
+
+
+def test_engine_args_parse_to_simulate_settings_and_reject_anything_else(score):
+    assert score.parse_engine_args("max_seqs=1024;max_batched_tokens=32768") == (("max_seqs", 1024), ("max_batched_tokens", 32768))
+    assert score.parse_engine_args(" chunked_prefill=false ; kv=fp8 ") == (("chunked_prefill", False), ("kv", "fp8"))
+    assert score.parse_engine_args("") == ()
+    for bad in ("gpu_memory_utilization=0.9", "max_seqs", "chunked_prefill=yes", "max_seqs=many"):
+        with pytest.raises(ValueError):
+            score.parse_engine_args(bad)
+    # the loaded rows carry them, and a row's settings reach the simulator with its engine's profile only
+    rows = {row.index: row for row in score.load_rows()}
+    mi300x = [row for row in rows.values() if row.device == "mi300x"]
+    assert mi300x and all(dict(row.engine_args) == {"max_seqs": 1024, "max_batched_tokens": 32768} for row in mi300x)
