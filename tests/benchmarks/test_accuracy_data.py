@@ -209,5 +209,7 @@ def test_engine_args_parse_to_simulate_settings_and_reject_anything_else(score):
             score.parse_engine_args(bad)
     # the loaded rows carry them, and a row's settings reach the simulator with its engine's profile only
     rows = {row.index: row for row in score.load_rows()}
-    mi300x = [row for row in rows.values() if row.device == "mi300x"]
-    assert mi300x and all(dict(row.engine_args) == {"max_seqs": 1024, "max_batched_tokens": 32768} for row in mi300x)
+    recipes = [row for row in rows.values() if "vllm-project/recipes" in row.source]
+    assert recipes and all(dict(row.engine_args) == {"max_seqs": 1024, "max_batched_tokens": 32768} for row in recipes)
+    trtllm = [row for row in rows.values() if "dstackai" in row.source and row.engine == "tensorrt-llm"]
+    assert trtllm and all(dict(row.engine_args) == {"max_seqs": 512, "max_batched_tokens": 16384} for row in trtllm)
