@@ -560,7 +560,7 @@ def score_other_quantities(rows: list[Row], *, with_llm_analysis: bool = True) -
     records = []
     for row in rows:
         kind = resolve_hardware(row.device).kind
-        base = {"row": row, "kind": kind, "engine": row.engine, "fold": row.fold}
+        base = {"row": row, "kind": kind, "engine": row.engine, "fold": row.fold, "model": row.model}
         if row.quantity == "prefill":
             llm = llm_analysis_prefill_tok_s(row)[0] if use_llm_analysis else None
             records.append(base | {"what": "prefill", "measured": row.prefill_tok_s, "default": predict_prefill_tok_s(row),
@@ -587,6 +587,7 @@ def score_other_quantities(rows: list[Row], *, with_llm_analysis: bool = True) -
 # The order and the issue-13 targets (median absolute % error on the held-out fold) of each quantity.
 TARGETS = {"decode": 8.0, "prefill": 15.0, "serving throughput": 10.0, "TPOT under load": 15.0, "TTFT under load": 25.0, "decode, E2E-derived": None}
 MODES = ("default", "profiles", "simulate", "simulate+profiles", "ideal", "llm-analysis")
+SERVING_QUANTITIES = ("serving throughput", "TPOT under load", "TTFT under load")
 
 
 def _summary_line(label: str, pairs: list[tuple[float, float]], width: int = 44) -> str:
@@ -597,7 +598,8 @@ def _summary_line(label: str, pairs: list[tuple[float, float]], width: int = 44)
 
 
 def print_quantity_report(records: list[dict], why_none: dict[str, str]) -> None:
-    """Median / mean absolute % error per quantity and mode: all rows, per fold, per device kind, per engine."""
+    """Median / mean absolute % error per quantity and mode: all rows, per fold, per device kind, per engine (and per
+    model for the serving quantities, whose rows are few models each run many ways)."""
     for what, target in TARGETS.items():
         chosen = [r for r in records if r["what"] == what]
         goal = f"target: held-out median <= {target:g}%" if target is not None else "not in the decode median (see SOURCES.md)"
@@ -621,6 +623,8 @@ def print_quantity_report(records: list[dict], why_none: dict[str, str]) -> None
             groups = [("all", chosen)] + [(f"fold {f}{' (held out)' if f == 'B' else ' (fit fold)'}", [r for r in chosen if r["fold"] == f]) for f in ("A", "B")]
             groups += [(f"kind {k}", [r for r in chosen if r["kind"] == k]) for k in sorted({r["kind"] for r in chosen})]
             groups += [(f"engine {e}", [r for r in chosen if r["engine"] == e]) for e in sorted({r["engine"] for r in chosen})]
+            if what in SERVING_QUANTITIES:
+                groups += [(f"model {m}", [r for r in chosen if r["model"] == m]) for m in sorted({r["model"] for r in chosen})]
             for i, (label, group) in enumerate(groups):
                 pairs = [(r.get(mode), r["measured"]) for r in group if r.get(mode) is not None]
                 if pairs:
