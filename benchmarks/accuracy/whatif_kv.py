@@ -1,9 +1,9 @@
 """What-if, not a score: the held-out NVIDIA NIM serving rows simulated with another KV-cache format.
 
-Run: python benchmarks/accuracy/whatif_kv.py [--kv fp8]
+Run: python benchmarks/accuracy/whatif_kv.py [--kv bf16]
 Prints the median and mean absolute % error of throughput, TPOT and TTFT on the NIM rows of measurements.csv when the
-TensorRT-LLM profile's cited default (the model's dtype) is replaced by ``--kv``. Nothing here feeds a default: no
-public source says which KV format that NIM profile uses (see benchmarks/README.md).
+TensorRT-LLM profile's cited default KV format for these fp8 rows (fp8: `fp8_weights_kv` in engines.toml, NVIDIA's
+recommended config for its FP8 checkpoint) is replaced by ``--kv``. Nothing here feeds a default.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from speedlimit.simulator.api import simulate  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kv", default="fp8")
+    parser.add_argument("--kv", default="bf16")
     kv = parser.parse_args().kv
     errors: dict[str, list[float]] = {"throughput": [], "TPOT": [], "TTFT": []}
     for row in (r for r in score.load_rows() if r.quantity == "serving" and r.engine == "nim"):
