@@ -299,6 +299,7 @@ def test_sweep_any_flags(models, hardware, weights, batch, context, output, fmt,
 def test_catalog_listings_any_flags(argv: list[str]) -> None:
     check(invoke("models", *argv))
     check(invoke("hardware", *argv))
+    check(invoke("engines", *argv))  # a stray word is an engine name: unknown -> one line, exit 2
 
 
 @FUZZ

@@ -178,6 +178,20 @@ class EngineProfile(BaseModel):
         return {name: getattr(self, name) for name in type(self).model_fields
                 if isinstance(getattr(self, name), Sourced)}
 
+    def record(self) -> dict[str, Any]:
+        """The profile as plain data (``GET /api/engines`` and ``speedlimit engines --json``): every value with its
+        source or fitted fold, and device-dependent scheduler defaults with their rule."""
+        values = {}
+        for field, sourced in self.sourced_values().items():
+            value = {"value": sourced.value, "source": sourced.source, "fitted": sourced.fitted}
+            if sourced.large_memory_gib is not None:
+                value |= {"large_memory_value": sourced.large_memory_value, "large_memory_gib": sourced.large_memory_gib}
+            if sourced.kv_tokens_fraction is not None:
+                value["kv_tokens_fraction"] = sourced.kv_tokens_fraction
+            values[field] = value
+        return {"name": self.key, "label": self.name, "version": self.version, "aliases": list(self.aliases),
+                "inherits": self.inherits, "homepage": self.homepage, "devices": list(self.devices), "values": values}
+
 
 def gemm_efficiency_at(points: tuple[tuple[float, float], ...], tokens: float) -> float:
     """The curve's fraction at ``tokens``: linear in log2(tokens) between points, flat beyond the ends."""

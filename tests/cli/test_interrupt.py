@@ -33,6 +33,7 @@ SLOW_STEPS = {
     "sweep": (["sweep", "-m", "7B", "-H", "l4"], "speedlimit.estimator.sweep", "sweep_grid"),
     "models": (["models"], "speedlimit.cli.estimate", "catalog_model"),
     "hardware": (["hardware"], "speedlimit.cli.estimate", "catalog_hardware"),
+    "engines": (["engines"], "speedlimit.cli.estimate", "catalog_engine"),
     "simulate": (["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm"], "speedlimit.simulator.api", "run_workload"),
     "calibrate": (["calibrate", "RESULTS"], "speedlimit.verify.fit", "fit_calibration"),
     "report": (["report", "RESULTS"], "speedlimit.report.results", "load_results"),

@@ -133,3 +133,27 @@ def test_catalog_listings():
     assert {"deepseek-v3", "gpt-oss-120b"} <= {m["name"] for m in models}
     assert {"h200", "apple-m4-max"} <= {h["name"] for h in hardware}
     assert "llama-3.1-8b" in runner.invoke(app, ["models"]).output
+
+
+def test_engines_lists_the_profiles_and_shows_one_with_every_source():
+    listed = json.loads(runner.invoke(app, ["engines", "--json"]).output)
+    assert [e["name"] for e in listed][:1] == ["llama-cpp"] and sum(e["default"] for e in listed) == 1
+    assert {"vllm", "sglang", "tensorrt-llm", "llama-cpp-python"} <= {e["name"] for e in listed}
+    assert all(v["source"] or v["fitted"] for e in listed for v in e["values"].values())
+    # the same records as the web API's GET /api/engines
+    from fastapi.testclient import TestClient
+
+    from speedlimit.web.app import create_app
+
+    assert TestClient(create_app()).get("/api/engines").json() == listed
+    table = runner.invoke(app, ["engines"]).output
+    assert "tensorrt-llm" in table and "weights: fp8)" in table and "llama-cpp (default)" in table
+    # one engine by an alias: every value and where it comes from, the fitted one named by its fold
+    one = json.loads(runner.invoke(app, ["engines", "llama.cpp-cuda", "--json"]).output)
+    assert one["name"] == "llama-cpp-cuda" and one["values"]["gemm_efficiency"]["fitted"] == "A"
+    assert one["values"]["max_seqs"] == listed[[e["name"] for e in listed].index("llama-cpp-cuda")]["values"]["max_seqs"]
+    vllm = runner.invoke(app, ["engines", "vllm"]).output
+    assert "max_batched_tokens" in vllm and "vllm/engine/arg_utils.py" in vllm.replace("\n", "")
+    assert "fitted on fold A" in runner.invoke(app, ["engines", "llama-cpp-cuda"]).output
+    bad = run_cli("engines", "warp")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown engine 'warp'") and "vllm" in bad.stderr

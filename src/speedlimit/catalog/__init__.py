@@ -281,8 +281,9 @@ def engine_names() -> list[str]:
     return list(engine_entries())
 
 
-def resolve_engine(text: str | EngineProfile | None) -> EngineProfile:
-    """An engine profile by name or alias (None: `DEFAULT_ENGINE`); unknown → one line listing the known ones."""
+def resolve_engine(text: str | EngineProfile | None, *, what: str = "--engine") -> EngineProfile:
+    """An engine profile by name or alias (None: `DEFAULT_ENGINE`); unknown → one line (naming ``what`` the user
+    gave) listing the known ones."""
     if isinstance(text, EngineProfile):
         return text
     if text is None:
@@ -290,7 +291,7 @@ def resolve_engine(text: str | EngineProfile | None) -> EngineProfile:
     key = _engine_aliases().get(_normalize(str(text)))
     if key:
         return catalog_engine(key)
-    raise SpeedlimitError(f"unknown --engine {str(text)[:80]!r}{did_you_mean(_normalize(str(text)), _engine_aliases())}; "
+    raise SpeedlimitError(f"unknown {what} {str(text)[:80]!r}{did_you_mean(_normalize(str(text)), _engine_aliases())}; "
                           f"known engines: {', '.join(engine_names())}")
 
 

@@ -1,6 +1,6 @@
 """The `speedlimit` command line: thin typer shells over the library, one module per leg, and their rich output.
 
-`estimate` (estimate, sweep, models, hardware), `simulate`, `bench` (+ `bench_view`, its tables and progress), `verify`
+`estimate` (estimate, sweep, models, hardware, engines), `simulate`, `bench` (+ `bench_view`, its tables and progress), `verify`
 (verify, calibrate), `report`, `serve`. Heavy imports happen inside the commands. This file registers them and
 turns `SpeedlimitError` into one line on stderr and exit code 2, and a Ctrl-C anywhere into ``interrupted`` and exit
 code 130 (`speedlimit.cli.interrupt`).
@@ -18,7 +18,7 @@ from collections.abc import Callable
 import typer
 
 from speedlimit.cli.bench import bench_command
-from speedlimit.cli.estimate import estimate_command, hardware_command, models_command, sweep_command
+from speedlimit.cli.estimate import engines_command, estimate_command, hardware_command, models_command, sweep_command
 from speedlimit.cli.options import command_class, group_class
 from speedlimit.cli.report import report_command
 from speedlimit.cli.serve import serve_command
@@ -54,6 +54,7 @@ EXAMPLES = {
     ],
     "models": ["speedlimit models", "speedlimit models --json"],
     "hardware": ["speedlimit hardware", "speedlimit hardware --json"],
+    "engines": ["speedlimit engines", "speedlimit engines vllm", "speedlimit engines tensorrt-llm --json"],
     "bench": [
         "speedlimit bench --url http://127.0.0.1:8000/v1 --concurrency 4 --requests 32",
         "speedlimit bench --url http://127.0.0.1:8000/v1 --sweep concurrency=1,2,4,8 --slo ttft=500ms,itl=50ms --out runs/a",
@@ -98,6 +99,7 @@ _register("estimate", estimate_command)
 _register("sweep", sweep_command)
 _register("models", models_command)
 _register("hardware", hardware_command)
+_register("engines", engines_command)
 # bench leg
 _register("bench", bench_command)
 _register("simulate", simulate_command)

@@ -1,4 +1,4 @@
-"""CLI commands of the estimate leg: `estimate`, `sweep`, `models`, `hardware` (thin shells over the library)."""
+"""CLI commands of the estimate leg: `estimate`, `sweep`, `models`, `hardware`, `engines` (thin shells over the library)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from speedlimit.catalog import (
+    DEFAULT_ENGINE,
+    catalog_engine,
     catalog_hardware,
     catalog_model,
+    engine_names,
     hardware_entries,
     hardware_names,
     model_entries,
     model_names,
+    resolve_engine,
 )
 from speedlimit.cli.options import flag_option, scenario_options
 from speedlimit.errors import SpeedlimitError, write_error
@@ -287,5 +291,66 @@ def hardware_command(as_json: Annotated[bool, flag_option("--json/--no-json", "P
             format_bytes(row["memory_bytes"]) if row["memory_bytes"] else "—",
             f"{device.peak_flops('bf16') / 1e12:,.1f} TFLOP/s",
             f"{row['interconnect_Bps'] / 1e9:,.0f} GB/s" if row["interconnect_Bps"] else "—",
+        )  # fmt: skip
+    console.print(table)
+
+
+def _scheduler_text(values: dict[str, Any]) -> str:
+    """'continuous, 1,024 seqs (256 under 70 GiB), 8,192 tok/step, chunked' from a profile record's values."""
+    def count(field: str) -> str:
+        value = values[field]
+        text = f"{value['value']:,}"
+        if value.get("large_memory_gib") is not None:
+            text = f"{value['large_memory_value']:,} ({text} under {value['large_memory_gib']:g} GiB)"
+        if value.get("kv_tokens_fraction") is not None:
+            text += f" (<= {value['kv_tokens_fraction']:g} of KV tokens)"
+        return text
+
+    seqs = "seq" if values["max_seqs"]["value"] == 1 and values["max_seqs"].get("large_memory_gib") is None else "seqs"
+    parts = [values["mode"]["value"], f"{count('max_seqs')} {seqs}", f"{count('max_batched_tokens')} tok/step"]
+    parts.append("chunked" if values["chunked_prefill"]["value"] else "whole prompts")
+    return ", ".join(parts)
+
+
+def engines_command(
+    name: Annotated[str | None, typer.Argument(help="One engine (a name or alias): every value with its source.")] = None,
+    as_json: Annotated[bool, flag_option("--json/--no-json", "Print JSON.")] = False,
+) -> None:
+    """List the serving-engine profiles (catalog/engines.toml), or one profile with every value's source."""
+    if name is not None:
+        profile = resolve_engine(name, what="engine")
+        record = profile.record() | {"default": profile.key == DEFAULT_ENGINE}
+        if as_json:
+            typer.echo(json.dumps(record))
+            return
+        table = Table(title=escape(f"{record['label']} ({record['name']})"), caption=escape(f"describes: {record['version']}"),
+                      show_lines=True)
+        for column in ("field", "value", "source (or the fold it was fitted on)"):
+            table.add_column(column, overflow="fold")
+        for field, value in record["values"].items():
+            shown = json.dumps(value["value"])
+            if value.get("large_memory_gib") is not None:
+                shown += f"; {json.dumps(value['large_memory_value'])} from {value['large_memory_gib']:g} GiB"
+            if value.get("kv_tokens_fraction") is not None:
+                shown += f"; at most {value['kv_tokens_fraction']:g} of the KV tokens"
+            basis = value["source"] if value["source"] else f"fitted on fold {value['fitted']}"
+            table.add_row(field, escape(shown), escape(basis))
+        console.print(table)
+        return
+    records = [catalog_engine(key).record() | {"default": key == DEFAULT_ENGINE} for key in engine_names()]
+    if as_json:
+        typer.echo(json.dumps(records))
+        return
+    table = Table(title="speedlimit engine profiles", caption="`speedlimit engines NAME`: the version it describes and every "
+                  f"value with its source; the default is {DEFAULT_ENGINE}, its backend picked from the device")
+    for column in ("name", "devices", "scheduler", "KV", "graphs"):
+        table.add_column(column, no_wrap=column == "name", overflow="fold")
+    for record in records:
+        values = record["values"]
+        kv = values["kv"]["value"] + (f" (fp8 weights: {values['fp8_weights_kv']['value']})" if "fp8_weights_kv" in values else "")
+        graphs = values.get("cuda_graphs", {}).get("value")
+        table.add_row(
+            record["name"] + (" (default)" if record["default"] else ""), ", ".join(record["devices"]),
+            _scheduler_text(values), kv, "—" if graphs is None else ("yes" if graphs else "no"),
         )  # fmt: skip
     console.print(table)

@@ -179,11 +179,7 @@ def create_app() -> FastAPI:
 
     @app.get("/api/engines", summary="Serving-engine profiles (catalog/engines.toml)")
     def engines() -> list[dict[str, Any]]:
-        return [{"name": key, "label": profile.name, "version": profile.version, "devices": profile.devices,
-                 "default": key == DEFAULT_ENGINE,
-                 "values": {field: {"value": sourced.value, "source": sourced.source, "fitted": sourced.fitted}
-                            for field, sourced in profile.sourced_values().items()}}
-                for key, profile in ((key, catalog_engine(key)) for key in engine_names())]
+        return [catalog_engine(key).record() | {"default": key == DEFAULT_ENGINE} for key in engine_names()]
 
     @app.post("/api/estimate", summary="Estimate one configuration (what `speedlimit estimate --json` prints)")
     def estimate_endpoint(request: EstimateRequest) -> dict[str, Any]:
