@@ -295,6 +295,11 @@ def resolve_engine(text: str | EngineProfile | None, *, what: str = "--engine") 
                           f"known engines: {', '.join(engine_names())}")
 
 
+def engine_record(profile: EngineProfile) -> dict[str, Any]:
+    """A profile as plain data with whether it is the default (``GET /api/engines``, ``speedlimit engines --json``)."""
+    return profile.record() | {"default": profile.key == DEFAULT_ENGINE}
+
+
 def engine_for_device(engine: EngineProfile, hardware: Hardware) -> EngineProfile:
     """The default ``llama-cpp`` on a device: its backend (cpu → CPU, apple → Metal, amd → ROCm, else CUDA)."""
     if engine.key != DEFAULT_ENGINE:

@@ -19,6 +19,7 @@ from speedlimit.catalog import (
     catalog_hardware,
     catalog_model,
     engine_names,
+    engine_record,
     hardware_entries,
     hardware_names,
     model_entries,
@@ -318,8 +319,7 @@ def engines_command(
 ) -> None:
     """List the serving-engine profiles (catalog/engines.toml), or one profile with every value's source."""
     if name is not None:
-        profile = resolve_engine(name, what="engine")
-        record = profile.record() | {"default": profile.key == DEFAULT_ENGINE}
+        record = engine_record(resolve_engine(name, what="engine"))
         if as_json:
             typer.echo(json.dumps(record))
             return
@@ -337,7 +337,7 @@ def engines_command(
             table.add_row(field, escape(shown), escape(basis))
         console.print(table)
         return
-    records = [catalog_engine(key).record() | {"default": key == DEFAULT_ENGINE} for key in engine_names()]
+    records = [engine_record(catalog_engine(key)) for key in engine_names()]
     if as_json:
         typer.echo(json.dumps(records))
         return

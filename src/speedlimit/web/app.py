@@ -35,7 +35,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import Field, ValidationError
 
 from speedlimit.architecture import Architecture, architecture_from_hf_config
-from speedlimit.catalog import DEFAULT_ENGINE, catalog_engine, engine_names, hardware_entries, model_entries, resolve_model
+from speedlimit.catalog import catalog_engine, engine_names, engine_record, hardware_entries, model_entries, resolve_model
 from speedlimit.artifacts import finite_json
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator.api import estimate_scenario
@@ -179,7 +179,7 @@ def create_app() -> FastAPI:
 
     @app.get("/api/engines", summary="Serving-engine profiles (catalog/engines.toml)")
     def engines() -> list[dict[str, Any]]:
-        return [catalog_engine(key).record() | {"default": key == DEFAULT_ENGINE} for key in engine_names()]
+        return [engine_record(catalog_engine(key)) for key in engine_names()]
 
     @app.post("/api/estimate", summary="Estimate one configuration (what `speedlimit estimate --json` prints)")
     def estimate_endpoint(request: EstimateRequest) -> dict[str, Any]:
