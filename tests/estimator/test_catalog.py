@@ -81,6 +81,8 @@ def test_hardware_rows_are_complete(key):
     assert device.memory_bytes and 1e9 < device.memory_bytes < 2e13  # a dual-socket EPYC server holds 12 TB
     if device.socket_link_Bps is not None:
         assert entry["link_source"].startswith("http")
+    if device.per_core_bandwidth_Bps is not None:  # a published measurement, cited (hardware.toml's header)
+        assert entry["per_core_source"].startswith("http") and "per_core_source" in entry["notes"]
     assert math.isfinite(device.peak_flops("bf16")) and device.peak_flops("bf16") > 1e11
 
 

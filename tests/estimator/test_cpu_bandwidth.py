@@ -127,10 +127,20 @@ def test_the_xeon_pair_is_bound_by_its_upi_links() -> None:
 
 
 def test_fewer_threads_fewer_flops_on_a_catalog_cpu_without_a_per_core_figure() -> None:
-    full = estimate("llama-3.1-8b", "amd-epyc-9654", prompt=2048)
-    eight = estimate("llama-3.1-8b", "amd-epyc-9654", prompt=2048, threads=8)
+    full = estimate("llama-3.1-8b", "intel-xeon-8480", prompt=2048)
+    eight = estimate("llama-3.1-8b", "intel-xeon-8480", prompt=2048, threads=8)
     assert eight.reached_bandwidth_Bps == full.reached_bandwidth_Bps  # no public per-core figure: not a bandwidth limit
     assert eight.ttft_s > 5 * full.ttft_s and "no per-core bandwidth figure" in eight.bandwidth_basis
+
+
+def test_a_catalog_cpus_published_per_core_figure_limits_one_thread() -> None:
+    """The 7950X's per-core figure (Chips and Cheese, peak-equivalent 75.1 GB/s): one thread reaches less than the
+    socket; two already reach the socket's 83.2 GB/s, so from two threads on only FLOP/s scale."""
+    one = estimate("llama-3.1-8b", "amd-ryzen-9-7950x", weights="f16", threads=1, prompt=0, output=128)
+    two = estimate("llama-3.1-8b", "amd-ryzen-9-7950x", weights="f16", threads=2, prompt=0, output=128)
+    assert one.reached_bandwidth_Bps == pytest.approx(75.1e9) and two.reached_bandwidth_Bps == pytest.approx(83.2e9)
+    assert one.decode_tok_s < two.decode_tok_s and "1 core" in one.bandwidth_basis
+    assert estimate("llama-3.1-8b", "amd-epyc-9654", threads=4).reached_bandwidth_Bps == pytest.approx(4 * 45.4e9)
 
 
 def test_a_measured_per_core_figure_limits_few_threads() -> None:

@@ -273,7 +273,8 @@ def _reach_basis(device: Hardware, topology: Any, limits: core.BandwidthLimits, 
     bounds = {"threads": float(limits.threads_Bps), "memory": memory, "link": float(limits.link_Bps)}
     binding = min(bounds, key=lambda name: bounds[name])
     if binding == "threads":
-        why = f"bound by {cores} cores × {_gbs(topology.per_core_Bps)} per core, short of {where} ({_gbs(memory)})"
+        why = (f"bound by {cores} core{'s' if cores != 1 else ''} × {_gbs(topology.per_core_Bps)} per core, short of "
+               f"{where} ({_gbs(memory)})")
     elif binding == "link":
         why = (f"bound by the socket link: each other socket reads its 1/{topology.sockets} of the weights through "
                f"{_gbs(topology.link_Bps)} per direction, short of {where} ({_gbs(memory)})")
@@ -285,7 +286,7 @@ def _reach_basis(device: Hardware, topology: Any, limits: core.BandwidthLimits, 
     if not math.isfinite(topology.per_core_Bps) and threads < usable:
         why += "; no per-core bandwidth figure, so fewer threads are priced as fewer FLOP/s only"
     summed = "" if reached >= device.memory_bandwidth_Bps else f" of the {_gbs(device.memory_bandwidth_Bps)} summed peak"
-    return f"{layout}: {run} reach {_gbs(reached)}{summed}, {why}"
+    return f"{layout}: {run} reach{'es' if threads == 1 else ''} {_gbs(reached)}{summed}, {why}"
 
 
 def _finite_or_none(value: Any) -> float | None:
