@@ -207,7 +207,7 @@ def test_engine_args_parse_to_simulate_settings_and_reject_anything_else(score):
     for bad in ("gpu_memory_utilization=0.9", "max_seqs", "chunked_prefill=yes", "max_seqs=many"):
         with pytest.raises(ValueError):
             score.parse_engine_args(bad)
-    # the loaded rows carry them, and a row's settings reach the simulator with its engine's profile only
+    # the loaded rows carry the settings their command lines state (the notes quote them: test_every_row_is_well_formed)
     rows = {row.index: row for row in score.load_rows()}
     recipes = [row for row in rows.values() if "vllm-project/recipes" in row.source]
     assert recipes and all(dict(row.engine_args) == {"max_seqs": 1024, "max_batched_tokens": 32768} for row in recipes)
