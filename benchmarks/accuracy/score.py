@@ -111,6 +111,7 @@ class Row:
     threads: int | None = None  # CPU runs: the thread count the source ran (blank: llama.cpp's default, every core)
     # serving rows: the engine settings the source's own command line sets (SOURCES.md, `engine_args`)
     engine_args: tuple[tuple[str, Any], ...] = ()
+    requests: int | None = None  # serving rows: the requests the benchmark sent (its --num-prompts; blank: not stated)
 
     @property
     def e2e(self) -> bool:
@@ -182,6 +183,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                 tpot_ms=_float(record.get("tpot_ms")),
                 threads=int(record["threads"]) if record.get("threads") else None,
                 engine_args=parse_engine_args(record.get("engine_args") or "", index),
+                requests=int(record["requests"]) if record.get("requests") else None,
             )
         )
     return rows
@@ -280,7 +282,8 @@ def simulator_status() -> str | None:
 
 #: Simulated rows the simulator could not run, and why (printed after the report).
 SIMULATION_FAILURES: list[str] = []
-#: Requests per simulated serving row: this many rounds of the row's concurrency (closed loop, bench's workload).
+#: Requests per simulated serving row whose source does not state how many it sent: this many rounds of the row's
+#: concurrency (closed loop, bench's workload). A row that states it (`requests`) is simulated with that many.
 SIMULATED_ROUNDS = 4
 
 
@@ -296,7 +299,8 @@ def predict_serving_simulated(row: Row, *, engine: str | None = None) -> dict[st
     try:
         settings = dict(row.engine_args) if engine is not None else {}
         run = simulate(row.model, row_hardware(row), weights=row_weights(row), tp=row.tp, engine=engine, **settings,
-                       concurrency=concurrency, requests=SIMULATED_ROUNDS * concurrency, prompt_tokens=row.prompt_tokens,
+                       concurrency=concurrency, requests=row.requests or SIMULATED_ROUNDS * concurrency,
+                       prompt_tokens=row.prompt_tokens,
                        output_tokens=row.output_tokens).summary
     except SpeedlimitError as error:  # e.g. the prefill-first scheduler's stall (see benchmarks/README.md)
         SIMULATION_FAILURES.append(f"row {row.index} ({row.engine}, concurrency {concurrency}, engine {engine or 'default'}): {error}")
@@ -677,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     print("engine column: " + ", ".join(f"{k} -> {v}" for k, v in ENGINE_PROFILES.items()) + "); rows of other engines as in 'default'.")
     print("Serving rows are scored with estimate(batch=concurrency) (default, profiles: a steady batch at the mid-reply")
     print(f"context, no queueing, no prefill interleaving) and with the simulator (simulate, simulate+profiles: the row's")
-    print(f"closed loop, {SIMULATED_ROUNDS} x concurrency requests, the engine's scheduler).")
+    print(f"closed loop, the requests the source sent or else {SIMULATED_ROUNDS} x concurrency, the engine's scheduler).")
     for failure in SIMULATION_FAILURES:
         print(f"  not simulated: {failure}")
     print()

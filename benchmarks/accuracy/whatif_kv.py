@@ -29,7 +29,7 @@ def main() -> None:
         concurrency = int(row.concurrency)
         run = simulate(row.model, score.row_hardware(row), weights=score.row_weights(row), tp=row.tp,
                        engine="tensorrt-llm", kv=kv, concurrency=concurrency,
-                       requests=score.SIMULATED_ROUNDS * concurrency, prompt_tokens=row.prompt_tokens,
+                       requests=row.requests or score.SIMULATED_ROUNDS * concurrency, prompt_tokens=row.prompt_tokens,
                        output_tokens=row.output_tokens).summary
         errors["throughput"].append(score.ape(run.output_tok_s, row.throughput_tok_s))
         errors["TPOT"].append(score.ape(run.tpot_s.mean * 1e3, row.tpot_ms))

@@ -19,7 +19,7 @@ CSV_PATH = ACCURACY_DIR / "measurements.csv"
 COLUMNS = [
     "device", "model", "weights", "engine", "quantity", "fold", "prompt_tokens", "output_tokens", "concurrency", "tp",
     "decode_tok_s", "prefill_tok_s", "throughput_tok_s", "ttft_ms", "tpot_ms", "model_file_bytes", "metric", "source", "notes", "device_share",
-    "threads", "engine_args",
+    "threads", "engine_args", "requests",
 ]  # fmt: skip
 # The measured figure(s) each quantity must carry; a serving row needs at least one of its three.
 FIGURES = {"decode": ("decode_tok_s",), "prefill": ("prefill_tok_s",), "serving": ("throughput_tok_s", "ttft_ms", "tpot_ms")}
@@ -100,6 +100,11 @@ def test_every_row_is_well_formed(record):
         assert f"threads {int(record['threads'])}" in record["notes"]
     elif resolve_hardware(record["device"]).kind == "cpu":
         assert "threads" not in record["notes"], "a CPU row whose notes state its threads must carry them"
+    # a serving run's request count is a run condition too: the --num-prompts its notes quote
+    if record["requests"]:
+        assert record["quantity"] == "serving" and f"--num-prompts {int(record['requests'])}" in record["notes"]
+    elif record["quantity"] == "serving":
+        assert "--num-prompts" not in record["notes"], "a serving row whose notes state its requests must carry them"
     # engine settings are a serving row's run conditions, each one printed in its notes (the command line)
     if record["engine_args"]:
         assert record["quantity"] == "serving"
