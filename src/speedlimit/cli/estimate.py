@@ -296,19 +296,23 @@ def hardware_command(as_json: Annotated[bool, flag_option("--json/--no-json", "P
     console.print(table)
 
 
-def _scheduler_text(values: dict[str, Any]) -> str:
-    """'continuous, 1,024 seqs (256 under 70 GiB), 8,192 tok/step, chunked' from a profile record's values."""
-    def count(field: str) -> str:
-        value = values[field]
-        text = f"{value['value']:,}"
-        if value.get("large_memory_gib") is not None:
-            text = f"{value['large_memory_value']:,} ({text} under {value['large_memory_gib']:g} GiB)"
-        if value.get("kv_tokens_fraction") is not None:
-            text += f" (<= {value['kv_tokens_fraction']:g} of KV tokens)"
-        return text
+def _with_device_rule(value: dict[str, Any], shown: str) -> str:
+    """``shown`` (a profile record value's base) with the device rule the record gives: another value on devices with
+    enough memory (vLLM, SGLang), a cap at a fraction of the KV cache's tokens (SGLang)."""
+    if value.get("large_memory_gib") is not None:
+        shown = f"{value['large_memory_value']:,} from {value['large_memory_gib']:g} GiB, else {shown}"
+    if value.get("kv_tokens_fraction") is not None:
+        shown += f", at most {value['kv_tokens_fraction']:g} of the KV cache's tokens"
+    return shown
 
-    seqs = "seq" if values["max_seqs"]["value"] == 1 and values["max_seqs"].get("large_memory_gib") is None else "seqs"
-    parts = [values["mode"]["value"], f"{count('max_seqs')} {seqs}", f"{count('max_batched_tokens')} tok/step"]
+
+def _scheduler_text(values: dict[str, Any]) -> str:
+    """'continuous, 1,024 from 70 GiB, else 256 seqs, ..., chunked' from a profile record's values."""
+    def count(field: str, unit: str) -> str:
+        return _with_device_rule(values[field], f"{values[field]['value']:,} {unit}")
+
+    seqs = "seq" if values["max_seqs"]["value"] == 1 else "seqs"
+    parts = [values["mode"]["value"], count("max_seqs", seqs), count("max_batched_tokens", "tok/step")]
     parts.append("chunked" if values["chunked_prefill"]["value"] else "whole prompts")
     return ", ".join(parts)
 
@@ -328,11 +332,7 @@ def engines_command(
         for column in ("field", "value", "source (or the fold it was fitted on)"):
             table.add_column(column, overflow="fold")
         for field, value in record["values"].items():
-            shown = json.dumps(value["value"])
-            if value.get("large_memory_gib") is not None:
-                shown += f"; {json.dumps(value['large_memory_value'])} from {value['large_memory_gib']:g} GiB"
-            if value.get("kv_tokens_fraction") is not None:
-                shown += f"; at most {value['kv_tokens_fraction']:g} of the KV tokens"
+            shown = _with_device_rule(value, json.dumps(value["value"]))
             basis = value["source"] if value["source"] else f"fitted on fold {value['fitted']}"
             table.add_row(field, escape(shown), escape(basis))
         console.print(table)
