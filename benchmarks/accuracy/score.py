@@ -32,6 +32,11 @@ No public per-GPU figure for it was found, so it is fitted on the fold-A llama.c
 GPUs (`fit_gemm_efficiency`: a grid minimising mean |log(predicted / measured)|, every row priced by the
 real estimator) and scored on fold B's such rows. It exits 1 when the shipped value is not that fit.
 
+The third is llama.cpp's CPU matmul kernel rate per tensor type (the CPU backend profile's ``kernel_rates``):
+multiply-accumulates per cycle per thread, which bind decode at a few threads and prefill at any. No public figure
+exists, so it is fitted on fold C, ``cpu_kernels.csv``: the project's own llama-bench runs on a synthetic model
+(``benchmarks/cpu_kernel_rates.py``), never a published row. It exits 1 when the shipped rates are not that fit.
+
 Run: ``python benchmarks/accuracy/score.py`` (``--csv PATH`` to score another file, ``--quiet`` for
 the summary only).
 """
@@ -61,6 +66,7 @@ from speedlimit.catalog import (
     resolve_hardware,
     resolve_model,
 )
+from speedlimit.architecture import Architecture, WeightBytes
 from speedlimit.engine_profile import EngineProfile, Sourced
 from speedlimit.estimator.api import estimate
 from speedlimit.hardware import Hardware
@@ -210,11 +216,28 @@ def row_hardware(row: Row) -> Hardware:
     )
 
 
-def row_weights(row: Row) -> str | float:
-    """The weight format as a user would pass it, or the real bits per parameter when the row gives the file size."""
+def row_weights(row: Row) -> str | float | None:
+    """The weight format as a user would pass it, or the real bits per parameter when the row gives the file size;
+    None for a CPU row with a file size, whose bytes and type travel in its model instead (`row_model`)."""
     if row.model_file_bytes:
+        if row_hardware(row).kind == "cpu":
+            return None
         return 8.0 * row.model_file_bytes / resolve_model(row.model).total_params
     return row.weights
+
+
+def row_model(row: Row) -> str | Architecture:
+    """The row's model name, or, for a CPU row with a file size, its architecture carrying that file's bytes and
+    type as a .gguf file would (`Architecture.weight_bytes`): llama.cpp's CPU kernel rate is per tensor type
+    (engines.toml [llama-cpp-cpu] kernel_rates), which a size in bits does not name."""
+    if not (row.model_file_bytes and row_hardware(row).kind == "cpu"):
+        return row.model
+    arch = resolve_model(row.model)
+    bytes_per_param = row.model_file_bytes / arch.total_params
+    return dataclasses.replace(arch, weight_bytes=WeightBytes(
+        embedding=arch.embedding_params * bytes_per_param, lm_head=arch.lm_head_params * bytes_per_param,
+        dense=arch.dense_params * bytes_per_param, expert=arch.expert_params * bytes_per_param,
+        file_type=row.weights))
 
 
 # The engine profile (catalog/engines.toml) each row's engine runs as; rows of other engines (gpt-fast, MLX, MLC,
@@ -232,7 +255,7 @@ def predict_tok_s(row: Row, *, ideal: bool = False, bw_efficiency: float | None 
                   engine: str | None = None) -> float:
     """speedlimit's predicted decode tokens/s for one row."""
     result = estimate(
-        row.model,
+        row_model(row),
         row_hardware(row),
         weights=row_weights(row),
         prompt=row.prompt_tokens,
@@ -248,14 +271,14 @@ def predict_tok_s(row: Row, *, ideal: bool = False, bw_efficiency: float | None 
 
 def predict_prefill_tok_s(row: Row, *, ideal: bool = False, engine: str | EngineProfile | None = None) -> float | None:
     """Predicted prompt tokens/s of one prompt of the row's length: prompt / TTFT (None: no FLOPs figure)."""
-    result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=1, tp=row.tp,
+    result = estimate(row_model(row), row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=1, tp=row.tp,
                       ideal=ideal, engine=engine, threads=None if ideal else row.threads)
     return row.prompt_tokens / result.ttft_s if result.ttft_s else None
 
 
 def predict_e2e_tok_s(row: Row, *, ideal: bool = False) -> float | None:
     """Predicted output tokens / whole request time (TTFT + output x ITL), for end-to-end rows."""
-    result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens, ideal=ideal,
+    result = estimate(row_model(row), row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens, ideal=ideal,
                       threads=None if ideal else row.threads)
     if result.ttft_s is None:
         return None
@@ -266,7 +289,7 @@ def predict_serving(row: Row, *, ideal: bool = False, engine: str | None = None)
     """Predicted aggregate output tok/s and TPOT (ms) at the row's concurrency (estimate's steady batch), TTFT n/a."""
     # the row's own KV format, where its command line sets one, with its engine's profile
     kv = dict(row.engine_args).get("kv") if engine is not None else None
-    result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens,
+    result = estimate(row_model(row), row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens,
                       batch=row.concurrency, tp=row.tp, ideal=ideal, engine=engine, kv=kv)  # fmt: skip
     return {"throughput_tok_s": result.throughput_tok_s, "tpot_ms": result.itl_s * 1e3, "ttft_ms": None}
 
@@ -298,7 +321,7 @@ def predict_serving_simulated(row: Row, *, engine: str | None = None) -> dict[st
     concurrency = int(row.concurrency or 1)
     try:
         settings = dict(row.engine_args) if engine is not None else {}
-        run = simulate(row.model, row_hardware(row), weights=row_weights(row), tp=row.tp, engine=engine, **settings,
+        run = simulate(row_model(row), row_hardware(row), weights=row_weights(row), tp=row.tp, engine=engine, **settings,
                        concurrency=concurrency, requests=row.requests or SIMULATED_ROUNDS * concurrency,
                        prompt_tokens=row.prompt_tokens,
                        output_tokens=row.output_tokens).summary
@@ -407,17 +430,16 @@ def _nominal_bits(weights: str) -> float:
 
 
 def memory_time_at_peak_s(rows: list[Row]) -> np.ndarray:
-    """Per row: the default model's decode step time at 100% bandwidth and zero overhead.
+    """Per row: the default model's decode step time at 100% bandwidth and zero overhead; NaN for a row that is
+    not memory-bound there (a CPU row at a few threads, bound by llama.cpp's kernels).
 
-    Every row is memory-bound at batch 1 (checked), so the step time for any bw_eff and per-kernel
-    cost is exactly ``t / bw_eff + kernel_cost * kernels``; that closed form makes the grid fit cheap.
+    For a memory-bound row the step time for any bw_eff and per-kernel cost is exactly ``t / bw_eff + kernel_cost
+    * kernels``; that closed form makes the grid fit cheap, and the rows it does not describe are left out of it.
     """
     times = []
     for row in rows:
-        result = estimate(row.model, row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens, bw_efficiency=1.0, step_overhead_s=0.0)
-        if result.regime != "memory":
-            raise RuntimeError(f"row {row.index} is compute-bound; the closed-form fit does not apply")
-        times.append(result.itl_s)
+        result = estimate(row_model(row), row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens, bw_efficiency=1.0, step_overhead_s=0.0)
+        times.append(result.itl_s if result.regime == "memory" else math.nan)
     return np.array(times)
 
 
@@ -438,13 +460,16 @@ class FitInputs:
 
 
 def fit_inputs(rows: list[Row], kinds: list[str]) -> FitInputs:
+    """The memory-bound rows' fit inputs (`memory_time_at_peak_s`: the closed form describes only those)."""
+    t_peak_s = memory_time_at_peak_s(rows)
+    keep = np.isfinite(t_peak_s)
     return FitInputs(
-        t_peak_s=memory_time_at_peak_s(rows),
-        kernels=np.array([resolve_model(row.model).decode_kernels for row in rows]),
-        bw_efficiency=np.array([default_efficiency(row_hardware(row)).bw_efficiency for row in rows]),
-        measured_tok_s=np.array([row.decode_tok_s for row in rows]),
-        kinds=np.array(kinds),
-        folds=np.array([row.fold for row in rows]),
+        t_peak_s=t_peak_s[keep],
+        kernels=np.array([resolve_model(row.model).decode_kernels for row in rows])[keep],
+        bw_efficiency=np.array([default_efficiency(row_hardware(row)).bw_efficiency for row in rows])[keep],
+        measured_tok_s=np.array([row.decode_tok_s for row in rows])[keep],
+        kinds=np.array(kinds)[keep],
+        folds=np.array([row.fold for row in rows])[keep],
     )
 
 
@@ -529,6 +554,52 @@ def print_gemm_fit(all_rows: list[Row]) -> int:
     print(f"  shipped {GEMM_FIT_PROFILE}: {shown} {'=' if same else '!='} the fold-A fit ({fitted:.3f})"
           f"{'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
     return 0 if same else 1
+
+
+KERNELS_CSV = Path(__file__).with_name("cpu_kernels.csv")
+KERNEL_PROFILE = "llama-cpp-cpu"
+
+
+def kernel_rates_from(path: Path = KERNELS_CSV) -> dict[str, list[float]]:
+    """Fold C's fit: each tensor type's [decode, prefill] MACs per cycle per thread, to 3 significant digits.
+
+    Decode: the two in-cache models at one thread, differenced: (MACs per token wide - narrow) / (seconds per token
+    wide - narrow) / clock, so the per-token costs both share (dispatch, attention, the head), which the estimate
+    prices apart, cancel. Prefill: pp on the 8B matrices at the most threads the run used (all cores, as the
+    published prompt rates run), as its row gives it."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    rates: dict[str, list[float]] = {}
+    for kind in dict.fromkeys(row["type"] for row in rows):
+        mine = [row for row in rows if row["type"] == kind]
+        narrow, wide = (next(r for r in mine if r["model"] == name and r["test"].startswith("tg") and int(r["threads"]) == 1)
+                        for name in ("in-cache-narrow", "in-cache-wide"))
+        seconds = 1.0 / float(wide["tok_s"]) - 1.0 / float(narrow["tok_s"])
+        decode = (int(wide["macs_per_token"]) - int(narrow["macs_per_token"])) / seconds / float(wide["clock_hz"])
+        gemm = [r for r in mine if r["model"] == "8b-matrices" and r["test"].startswith("pp")]
+        most = max(int(r["threads"]) for r in gemm)
+        prefill = next(float(r["macs_per_cycle_per_thread"]) for r in gemm if int(r["threads"]) == most)
+        rates[kind] = [float(f"{decode:.3g}"), float(f"{prefill:.3g}")]
+    return rates
+
+
+def print_cpu_kernel_fit() -> int:
+    """Check that the catalog ships fold C's CPU kernel rates; 1 when it does not."""
+    print(f"llama.cpp's CPU matmul kernel rates (catalog/engines.toml [{KERNEL_PROFILE}] kernel_rates): multiply-accumulates "
+          "per cycle per thread per tensor type, fitted on fold C")
+    if not KERNELS_CSV.exists():
+        print(f"  {KERNELS_CSV.name} is missing: nothing to check")
+        return 1
+    fitted = kernel_rates_from()
+    shipped = (catalog_engine(KERNEL_PROFILE).kernel_rates or Sourced(value={}, fitted="C")).value
+    print(f"  fold C = {KERNELS_CSV.name} (benchmarks/cpu_kernel_rates.py, the project's own runs; no published row): "
+          f"{len(fitted)} types")
+    wrong = sorted(k for k in set(fitted) | set(shipped) if fitted.get(k) != shipped.get(k))
+    for kind in wrong:
+        print(f"  {kind}: shipped {shipped.get(kind)} != fold C {fitted.get(kind)}  <-- MISMATCH: update catalog/engines.toml")
+    if not wrong:
+        print("  shipped = the fold-C fit for every type")
+    return 1 if wrong else 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -713,7 +784,9 @@ def main(argv: list[str] | None = None) -> int:
     defaults = {kind: default_efficiency(resolve_hardware(next(r.device for r, k in zip(rows, kinds) if k == kind))) for kind in sorted(set(kinds))}
     print("Fit on one half, score on the other: bandwidth efficiencies stay as cited "
           f"({', '.join(f'{kind} {e.bw_efficiency:.2f}' for kind, e in defaults.items())}); the per-kernel cost is fitted per kind")
-    print(f"  fold A = {FOLD_A_SOURCE} ({sum(r.fold == 'A' for r in rows)} decode rows); fold B = all other sources ({sum(r.fold == 'B' for r in rows)} decode rows)")
+    print(f"  fold A = {FOLD_A_SOURCE} ({sum(inputs.folds == 'A')} decode rows); fold B = all other sources ({sum(inputs.folds == 'B')} decode rows)"
+          + (f"; {len(rows) - len(inputs.folds)} rows bound by llama.cpp's CPU kernels left out (the closed form prices memory-bound rows only)"
+             if len(inputs.folds) < len(rows) else ""))
     cited = {kind: e.kernel_overhead_s for kind, e in defaults.items()}
 
     def scheme(fit_fold: str, fitted_kinds: tuple[str, ...]) -> dict[str, float]:
@@ -723,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, fitted_kinds in ((f"{'/'.join(FITTED_KINDS)} fitted, the rest cited (the shipped design)", FITTED_KINDS),
                                 ("every kind fitted (not shipped)", tuple(defaults))):  # fmt: skip
         print(f"  {label}:")
-        cross = np.zeros(len(rows))
+        cross = np.zeros(len(inputs.folds))
         for fit_fold, test_fold in (("A", "B"), ("B", "A")):
             costs = scheme(fit_fold, fitted_kinds)
             errors = np.abs(inputs.predict_tok_s(costs) - inputs.measured_tok_s) / inputs.measured_tok_s * 100.0
@@ -734,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
                                                               else f" (cited: no fold-{fit_fold} rows)")
                              for kind, cost in costs.items())
             print(f"    fit on {fit_fold} -> {used}; held-out fold {test_fold}: median {np.median(errors[held]):.1f}% / mean {errors[held].mean():.1f}%")
-        print(f"    2-fold cross-fit (every row predicted from the other fold's fit): {len(rows)} rows, median {np.median(cross):.1f}% / mean {cross.mean():.1f}%")
+        print(f"    2-fold cross-fit (every row predicted from the other fold's fit): {len(inputs.folds)} rows, median {np.median(cross):.1f}% / mean {cross.mean():.1f}%")
     status = 0
     for kind, e in defaults.items():
         if kind in FITTED_KINDS:
@@ -747,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  shipped {kind}: {e.kernel_overhead_s * 1e6:.1f} us/kernel, cited (the fold fits: A {shown[0]}, B {shown[1]})")
     print()
     status |= print_gemm_fit(all_rows)
+    print()
+    status |= print_cpu_kernel_fit()
     return status
 
 

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 GIB = 2**30
+# the prompt length at which a kernel_rates prefill figure is measured (llama-bench pp512)
+KERNEL_PREFILL_TOKENS = 512
 
 
 class Sourced(BaseModel):
@@ -88,6 +90,9 @@ class EngineProfile(BaseModel):
     # the peak-FLOPs column its GEMMs of f16 and dequantized low-bit weights run at, where a device lists one
     # (llama.cpp CUDA: "fp16_acc16", cuBLAS with fp16 accumulation); None: the weights' compute dtype
     half_gemm_dtype: Sourced | None = None
+    # CPU matmul kernel rates per GGUF tensor type, multiply-accumulates per cycle per thread: [decode (one token),
+    # prefill (KERNEL_PREFILL_TOKENS tokens)]; None: the device kind's FLOP/s efficiency
+    kernel_rates: Sourced | None = None
 
     @field_validator("mode")
     @classmethod
@@ -160,7 +165,26 @@ class EngineProfile(BaseModel):
             raise ValueError("fractions must be in (0, 1]")
         return field
 
+    @field_validator("kernel_rates")
+    @classmethod
+    def _kernel_rates(cls, field: Sourced | None) -> Sourced | None:
+        if field is None:
+            return field
+        if not isinstance(field.value, dict) or not field.value:
+            raise ValueError("must be a table of GGUF tensor type = [decode, prefill] MACs per cycle per thread")
+        for name, pair in field.value.items():
+            if not isinstance(pair, list) or len(pair) != 2 or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1024 for v in pair):
+                raise ValueError(f"{name}: must be [decode, prefill] MACs per cycle per thread, each in (0, 1024]")
+        return field
+
     # ---- what the estimator and simulator read
+
+    def kernel_rate(self, tensor_type: str | None) -> tuple[float, float] | None:
+        """(decode, prefill) MACs per cycle per thread of the CPU kernels for ``tensor_type``; None: not measured."""
+        rates = _value(self.kernel_rates) or {}
+        pair = rates.get(tensor_type) if tensor_type else None
+        return None if pair is None else (float(pair[0]), float(pair[1]))
 
     @property
     def gemm_points(self) -> tuple[tuple[float, float], ...]:

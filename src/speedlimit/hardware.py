@@ -124,6 +124,9 @@ class Hardware(BaseModel):
     memory_channels_per_socket: int | None = Field(None, ge=1, le=64)
     per_core_bandwidth_Bps: float | None = None  # what one core alone streams from DRAM (achievable, measured)
     socket_link_Bps: float | None = None  # per direction, between two sockets (all links together)
+    # the vendor's clocks: base (all cores busy, guaranteed) and maximum boost (one core busy)
+    base_clock_hz: float | None = Field(None, ge=1e8, le=1e10)
+    boost_clock_hz: float | None = Field(None, ge=1e8, le=1e10)
 
     @property
     def topology(self) -> CpuTopology | None:
@@ -149,6 +152,10 @@ class Hardware(BaseModel):
             raise ValueError("a CPU memory layout (sockets, NUMA nodes, per-core bandwidth) needs cores_per_socket")
         if self.cores_per_socket is not None and self.kind != "cpu":
             raise ValueError(f"cores_per_socket describes a CPU, not a {self.kind} device")
+        if (self.base_clock_hz is None) != (self.boost_clock_hz is None):
+            raise ValueError("base_clock_hz and boost_clock_hz go together")
+        if self.base_clock_hz is not None and self.boost_clock_hz < self.base_clock_hz:
+            raise ValueError("boost_clock_hz must be at least base_clock_hz")
         nodes = self.numa_nodes_per_socket or 1
         if self.cores_per_socket is not None and self.cores_per_socket % nodes:
             raise ValueError(f"{self.cores_per_socket} cores per socket do not split into {nodes} NUMA nodes")
@@ -175,6 +182,16 @@ class Hardware(BaseModel):
         for dtype, rate in value.items():
             check_flops(rate)
         return value
+
+    def core_clock_hz(self, busy_cores: float) -> float:
+        """The clock of each of ``busy_cores`` busy cores: the maximum boost with one busy, the base clock with every
+        core of a socket busy, linear in between (the vendor gives only those two points); NaN without clocks."""
+        if self.base_clock_hz is None or self.boost_clock_hz is None:
+            return math.nan
+        per_socket = self.cores_per_socket or 1
+        busy = min(max(busy_cores, 1.0), per_socket)
+        share = (busy - 1.0) / (per_socket - 1.0) if per_socket > 1 else 1.0
+        return self.boost_clock_hz - (self.boost_clock_hz - self.base_clock_hz) * share
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for a compute dtype, falling back to the nearest column the device has.

@@ -83,6 +83,28 @@ class Precision:
         return _COMPUTE_DTYPE.get(self.name, "bf16")
 
 
+# file types whose main tensor type is not their name less its size suffix (llama.cpp's llama_model_ftype defaults:
+# IQ2_M and IQ3_M / IQ3_XS files store most matrices as IQ2_S / IQ3_S)
+_MAIN_TENSOR_TYPE = {"iq2_m": "iq2_s", "iq3_m": "iq3_s", "iq3_xs": "iq3_s", "fp16": "f16", "f16": "f16", "bf16": "bf16"}
+
+
+def main_tensor_type(name: str) -> str | None:
+    """The GGUF tensor type of most matrices in a weight format or GGUF file type (``q4_k_m`` -> ``q4_k``); None for
+    a format that is not a GGUF tensor type (fp8, int4, mxfp4 named by bits, ...)."""
+    key = name.strip().lower().replace("-", "_")
+    if key in _MAIN_TENSOR_TYPE:
+        return _MAIN_TENSOR_TYPE[key]
+    if key in gguf_type_bits():
+        return key
+    mix = _GGUF_MIX_SUFFIX.match(key)
+    if mix:
+        base = mix.group("base") or mix.group("base2")
+        for candidate in (base, base.rsplit("_", 1)[0] + "_k"):
+            if candidate in gguf_type_bits():
+                return candidate
+    return None
+
+
 @lru_cache(maxsize=512)
 def parse_precision(text: str | float | int, *, what: str = "weights") -> Precision:
     """Resolve ``'bf16'``, ``'q4_k_m'``, ``'4'`` (bits) or ``4.5`` into a `Precision`.

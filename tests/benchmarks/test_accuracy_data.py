@@ -218,3 +218,54 @@ def test_engine_args_parse_to_simulate_settings_and_reject_anything_else(score):
     assert recipes and all(dict(row.engine_args) == {"max_seqs": 1024, "max_batched_tokens": 32768} for row in recipes)
     trtllm = [row for row in rows.values() if "dstackai" in row.source and row.engine == "tensorrt-llm"]
     assert trtllm and all(dict(row.engine_args) == {"max_seqs": 512, "max_batched_tokens": 16384} for row in trtllm)
+
+
+# --------------------------------------------------------------------------------------------
+# fold C: llama.cpp's CPU kernel rates (cpu_kernels.csv, benchmarks/cpu_kernel_rates.py)
+
+KERNELS_PATH = ACCURACY_DIR / "cpu_kernels.csv"
+
+
+def _kernel_records() -> list[dict[str, str]]:
+    with KERNELS_PATH.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_each_kernel_rate_is_its_runs_arithmetic() -> None:
+    """macs_per_cycle_per_thread = tok/s x MACs per token / (threads x clock), and a prompt counts the head once."""
+    records = _kernel_records()
+    assert {(r["model"], r["test"]) for r in records} == {("in-cache-narrow", "tg512"), ("in-cache-wide", "tg512"),
+                                                          ("8b-matrices", "pp512"), ("8b-matrices", "tg32")}
+    for model in ("in-cache-narrow", "in-cache-wide", "8b-matrices"):
+        assert len({r["macs_per_token"] for r in records if r["model"] == model and r["test"].startswith("tg")}) == 1
+    for r in records:
+        rate = float(r["tok_s"]) * int(r["macs_per_token"]) / (int(r["threads"]) * float(r["clock_hz"]))
+        assert float(r["macs_per_cycle_per_thread"]) == pytest.approx(rate, rel=1e-3), r
+        assert 1e9 < float(r["clock_hz"]) < 7e9 and float(r["tok_s"]) >= float(r["tok_s_mean"]) > 0  # the fastest repetition
+
+
+def test_every_type_was_run_at_one_thread_and_at_all_threads() -> None:
+    records = _kernel_records()
+    for kind in {r["type"] for r in records}:
+        runs = {(r["model"], r["test"], int(r["threads"])) for r in records if r["type"] == kind}
+        cores = int(next(r["cores"] for r in records if r["type"] == kind))
+        assert {("in-cache-narrow", "tg512", 1), ("in-cache-wide", "tg512", 1), ("8b-matrices", "pp512", cores)} <= runs, kind
+
+
+def test_shipped_kernel_rates_are_the_fold_c_fit(score, capsys) -> None:
+    assert score.print_cpu_kernel_fit() == 0, capsys.readouterr().out
+    fitted = score.kernel_rates_from()
+    assert fitted["q4_0"] == list(score.catalog_engine("llama-cpp-cpu").kernel_rate("q4_0"))
+
+
+def test_the_kernel_fit_differences_the_in_cache_runs_and_takes_all_threads_for_prefill(score, tmp_path) -> None:
+    path = tmp_path / "k.csv"
+    path.write_text(
+        "type,model,test,threads,tok_s,macs_per_token,clock_hz,macs_per_cycle_per_thread\n"
+        # narrow: 1 ms per token for 1 M MACs; wide: 3 ms for 5 M -> 4 M MACs in 2 ms = 2e9 MAC/s at 1e9 Hz = 2.0
+        "q4_0,in-cache-narrow,tg512,1,1000,1000000,1e9,1.0\n"
+        "q4_0,in-cache-wide,tg512,1,333.3333333,5000000,1e9,1.67\n"
+        "q4_0,in-cache-wide,tg512,2,600,5000000,1e9,1.5\n"
+        "q4_0,8b-matrices,pp512,2,100,1000,1e9,12.3456\n"
+        "q4_0,8b-matrices,pp512,1,100,1000,1e9,99\n")
+    assert score.kernel_rates_from(path) == {"q4_0": [2.0, 12.3]}

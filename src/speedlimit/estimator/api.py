@@ -16,11 +16,11 @@ from typing import Any, ClassVar, Literal, NamedTuple
 from speedlimit.architecture import Architecture
 from speedlimit.artifacts import Artifact
 from speedlimit.catalog import default_efficiency, engine_for_device, resolve_engine, resolve_hardware, resolve_model
-from speedlimit.engine_profile import EngineProfile
+from speedlimit.engine_profile import KERNEL_PREFILL_TOKENS, EngineProfile
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.hardware import Efficiency, Hardware, custom_hardware
-from speedlimit.precision import WEIGHT_GROUPS, Precision, WeightFormats, parse_precision, parse_weights
+from speedlimit.precision import WEIGHT_GROUPS, Precision, WeightFormats, main_tensor_type, parse_precision, parse_weights
 from speedlimit.scenario import COMPUTE_DTYPES, MAX_BATCH, MAX_TOKENS, MAX_TP, Scenario, scenario_from
 
 __all__ = ["COMPUTE_DTYPES", "MAX_BATCH", "MAX_TOKENS", "MAX_TP", "BandwidthReach", "Estimate", "StepModel",
@@ -294,6 +294,17 @@ def _finite_or_none(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+class KernelRate(NamedTuple):
+    """llama.cpp's CPU matmul kernels for one tensor type on one machine (`cpu_kernel_rate`)."""
+
+    tensor_type: str
+    peak_flops: float  # whole machine (every core at the busy cores' clock), the faster of the two kernels
+    decode_factor: float  # decode kernel's rate / peak (one token per step)
+    prefill_factor: float  # prefill kernel's rate / peak (KERNEL_PREFILL_TOKENS tokens per step)
+    clock_hz: float
+    basis: str
+
+
 class StepModel(NamedTuple):
     """A model on hardware, resolved and validated: what the step-cost core needs, plus names for reports."""
 
@@ -311,6 +322,18 @@ class StepModel(NamedTuple):
     engine: EngineProfile | None = None  # the serving engine whose costs and scheduler the step model carries
     peak_flops: float = math.nan  # peak FLOP/s per device of the matmuls (at compute_dtype, or mixed per group)
     reach: BandwidthReach | None = None  # what one process reaches of a CPU machine (None: the device's peak)
+    # llama.cpp's measured CPU kernel rate, where it prices the matmuls instead of `efficiency.flops_efficiency` x
+    # `peak_flops` (which stay the kind's fraction of the dtype's peak: what a calibrated profile is relative to)
+    kernel_rate: KernelRate | None = None
+
+    @property
+    def flops_efficiency(self) -> float:
+        """The matmuls' priced rate as a fraction of `peak_flops`: at the faster CPU kernel (a 512-token prefill)
+        where a kernel rate prices them, else the efficiency's (it can exceed 1: llama.cpp's int8 kernels outrun the
+        bf16 peak the catalog prices dequantized weights at)."""
+        if self.kernel_rate is not None and self.peak_flops > 0:
+            return self.kernel_rate.peak_flops / self.peak_flops
+        return self.efficiency.flops_efficiency
 
     @property
     def step_overhead_s(self) -> float:
@@ -373,12 +396,48 @@ def resolve(scenario: Scenario) -> StepModel:
         cost = ideal_cost_model(cost, arch)
     kernels = arch.decode_kernels * (engine.kernel_fraction.value if engine.kernel_fraction else 1.0)
     reach = None if scenario.ideal else bandwidth_reach(device, scenario.threads, scenario.numa)
-    machine = machine_for(device, efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels, peak_flops, reach,
-                          pp=scenario.pp, dp=scenario.dp, ep=scenario.ep)
+    rate = None if scenario.ideal or scenario.compute is not None else cpu_kernel_rate(
+        engine, device, weights_name if not isinstance(weights, WeightFormats) else None, reach, scenario)
+    priced_efficiency, priced_peak = efficiency, peak_flops
+    if rate is not None:  # the kernels' measured rate replaces the kind's fraction of the dtype's peak
+        efficiency = efficiency.model_copy(update={"basis": f"{rate.basis}; {efficiency.basis}"})
+        priced_efficiency, priced_peak = efficiency.model_copy(update={"flops_efficiency": 1.0}), rate.peak_flops
+        terms.update(gemm_tokens_small=1.0, gemm_factor_small=rate.decode_factor,
+                     gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=rate.prefill_factor)
+    machine = machine_for(device, priced_efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels, priced_peak,
+                          reach, pp=scenario.pp, dp=scenario.dp, ep=scenario.ep)
     if not scenario.ideal:
         machine = machine._replace(**terms)
     return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv.name, compute_dtype, scenario.tp,
-                     scenario.ideal, engine, peak_flops, reach)
+                     scenario.ideal, engine, peak_flops, reach, rate)
+
+
+def cpu_kernel_rate(engine: EngineProfile, device: Hardware, weights_name: str | None, reach: BandwidthReach | None,
+                    scenario: Scenario) -> KernelRate | None:
+    """The FLOP/s llama.cpp's CPU kernels reach for these weights on ``device`` with ``reach``'s cores busy, where
+    the engine profile measured that tensor type and the catalog gives the CPU's clocks; None otherwise (then the
+    CPU kind's fraction of the dtype's peak applies), and whenever an explicit or calibrated FLOP/s efficiency
+    stands (it is a fraction of the dtype's peak, which a kernel rate would silently redefine).
+
+    A rate is multiply-accumulates per cycle per thread, so the machine's FLOP/s are 2 x rate x busy cores x their
+    clock (`Hardware.core_clock_hz`); hyperthreads add none.
+    """
+    topology = device.topology
+    if (reach is None or topology is None or weights_name is None or scenario.flops_efficiency is not None
+            or (device.calibrated_at is not None and device.flops_efficiency is not None)):
+        return None
+    tensor_type = main_tensor_type(weights_name)
+    pair = engine.kernel_rate(tensor_type)
+    busy = reach.core_fraction * topology.cores
+    clock = device.core_clock_hz(busy)
+    if pair is None or not math.isfinite(clock):
+        return None
+    decode, prefill = pair
+    fastest = max(decode, prefill)
+    basis = (f"{engine.name}'s {tensor_type} kernels: {decode:.3g} (decode) / {prefill:.3g} (prefill) MACs per cycle "
+             f"per thread (catalog/engines.toml, fitted on fold {engine.kernel_rates.fitted or 'n/a'}) at "
+             f"{clock / 1e9:.2f} GHz with {busy:g} core{'s' if busy != 1 else ''} busy")
+    return KernelRate(tensor_type, 2.0 * fastest * clock * topology.cores, decode / fastest, prefill / fastest, clock, basis)
 
 
 def compute_rate(arch: Architecture, device: Hardware, weights: Precision | WeightFormats | None,
@@ -613,7 +672,7 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         bandwidth_Bps=device.memory_bandwidth_Bps,
         flops=_finite_or_none(resolved.peak_flops),
         bw_efficiency=1.0 if ideal else efficiency.bw_efficiency,
-        flops_efficiency=1.0 if ideal else efficiency.flops_efficiency,
+        flops_efficiency=1.0 if ideal else resolved.flops_efficiency,
         step_overhead_s=0.0 if ideal else resolved.step_overhead_s,
         kernels_per_step=arch.decode_kernels * (resolved.engine.kernel_fraction.value if resolved.engine.kernel_fraction else 1.0),
         efficiency_basis="ideal: peak bandwidth and FLOPs, weights only" if ideal else efficiency.basis,

@@ -670,7 +670,7 @@ def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> 
         "prefix_caching": engine.prefix_caching,
         "block_size": engine.block_size,
         "kv_capacity_tokens": engine.kv_capacity_tokens if math.isfinite(engine.kv_capacity_tokens) else None,
-        "bw_efficiency": step.efficiency.bw_efficiency, "flops_efficiency": step.efficiency.flops_efficiency,
+        "bw_efficiency": step.efficiency.bw_efficiency, "flops_efficiency": step.flops_efficiency,
         "step_overhead_s": float(step.machine.step_overhead_s),
         "sequence_overhead_s": float(step.machine.sequence_overhead_s), "ideal": step.ideal,
         "workload": workload.describe,
