@@ -86,7 +86,7 @@ def test_few_threads_are_bound_by_the_kernels_not_the_memory() -> None:
     # the kernel roof, plus the step's fixed cost; the memory roof is below it
     assert itl_s == pytest.approx(_kernel_decode_s("q5_1", 2), rel=0.05)
     assert two.bytes_per_token / (two.reached_bandwidth_Bps * two.bw_efficiency) < 0.8 * itl_s
-    assert "q5_1 kernels" in two.efficiency_basis and "fold C" in two.efficiency_basis
+    assert "q5_1 kernels" in two.efficiency_basis and "fold C" in two.efficiency_basis and two.cpu_kernels == "q5_1"
 
 
 def test_a_slower_kernel_decodes_slower_at_few_threads_though_it_reads_fewer_bytes() -> None:
@@ -127,7 +127,7 @@ def test_an_explicit_or_calibrated_flops_efficiency_turns_the_kernel_rates_off()
 def test_where_the_kernel_rates_do_not_apply(inputs: dict) -> None:
     inputs = {"hardware": CPU, "weights": "q4_0"} | inputs
     result = estimate("llama-3.1-8b", **inputs)
-    assert MARK not in result.efficiency_basis
+    assert MARK not in result.efficiency_basis and result.cpu_kernels is None
 
 
 def test_a_gguf_file_runs_its_file_types_kernels() -> None:
@@ -146,3 +146,15 @@ def test_the_rates_sourced_value_round_trips_through_the_record() -> None:
     record = PROFILE.record()["values"]["kernel_rates"]
     assert record["fitted"] == "C" and record["value"]["q4_0"] == list(PROFILE.kernel_rate("q4_0"))
     assert isinstance(PROFILE.kernel_rates, Sourced)
+
+
+def test_the_cli_says_the_matmuls_ran_at_the_measured_kernel_rates() -> None:
+    from typer.testing import CliRunner
+
+    from speedlimit.cli import app
+
+    out = CliRunner().invoke(app, ["estimate", "-m", "llama-3.1-8b", "-H", CPU, "--weights", "iq3_s", "--threads", "2"])
+    caption = " ".join(out.output.split())  # the table wraps its caption at the console's width
+    assert out.exit_code == 0 and "matmuls at llama.cpp's measured iq3_s CPU kernel rates" in caption
+    gpu = " ".join(CliRunner().invoke(app, ["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm"]).output.split())
+    assert "of peak FLOP/s" in gpu and "kernel rates" not in gpu

@@ -81,6 +81,9 @@ class Estimate(Artifact):
     kernels_per_step: float  # kernels one decode step launches (what the default overhead is charged on)
     efficiency_basis: str
     engine: str = "llama-cpp"  # the serving-engine profile (catalog/engines.toml)
+    # the GGUF tensor type whose measured llama.cpp CPU kernel rates priced the matmuls (None: a fraction of the
+    # dtype's peak did; then flops_efficiency is that fraction, else the kernels' rate over the dtype's peak)
+    cpu_kernels: str | None = None
     sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
     # the bandwidth the estimate priced (before bw_efficiency) and why: a CPU's threads and NUMA policy
     reached_bandwidth_Bps: float | None = None  # what one process reaches (CPUs: <= bandwidth_Bps); None: the peak
@@ -434,9 +437,10 @@ def cpu_kernel_rate(engine: EngineProfile, device: Hardware, weights_name: str |
         return None
     decode, prefill = pair
     fastest = max(decode, prefill)
+    where = f"fitted on fold {engine.kernel_rates.fitted}" if engine.kernel_rates.fitted else engine.kernel_rates.source
     basis = (f"{engine.name}'s {tensor_type} kernels: {decode:.3g} (decode) / {prefill:.3g} (prefill) MACs per cycle "
-             f"per thread (catalog/engines.toml, fitted on fold {engine.kernel_rates.fitted or 'n/a'}) at "
-             f"{clock / 1e9:.2f} GHz with {busy:g} core{'s' if busy != 1 else ''} busy")
+             f"per thread (catalog/engines.toml kernel_rates, {where}) at {clock / 1e9:.2f} GHz with {busy:g} "
+             f"core{'s' if busy != 1 else ''} busy")
     return KernelRate(tensor_type, 2.0 * fastest * clock * topology.cores, decode / fastest, prefill / fastest, clock, basis)
 
 
@@ -677,6 +681,7 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         kernels_per_step=arch.decode_kernels * (resolved.engine.kernel_fraction.value if resolved.engine.kernel_fraction else 1.0),
         efficiency_basis="ideal: peak bandwidth and FLOPs, weights only" if ideal else efficiency.basis,
         engine=resolved.engine.key,
+        cpu_kernels=resolved.kernel_rate.tensor_type if resolved.kernel_rate and not ideal else None,
         sequence_overhead_s=float(machine.sequence_overhead_s),
         reached_bandwidth_Bps=reach.bandwidth_Bps if reach else None,
         bandwidth_basis=reach.basis if reach else ("peak (ideal: the seed formula)" if ideal else "the device's peak"),
