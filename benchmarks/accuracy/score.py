@@ -216,21 +216,27 @@ def row_hardware(row: Row) -> Hardware:
     )
 
 
+def _file_on_cpu(row: Row) -> bool:
+    """A CPU row that gives its file size: priced as its .gguf would be, bytes and tensor type together (`row_model`):
+    llama.cpp's CPU kernel rate is per tensor type (engines.toml [llama-cpp-cpu] kernel_rates), which a size in bits
+    does not name."""
+    return bool(row.model_file_bytes) and row_hardware(row).kind == "cpu"
+
+
 def row_weights(row: Row) -> str | float | None:
     """The weight format as a user would pass it, or the real bits per parameter when the row gives the file size;
     None for a CPU row with a file size, whose bytes and type travel in its model instead (`row_model`)."""
+    if _file_on_cpu(row):
+        return None
     if row.model_file_bytes:
-        if row_hardware(row).kind == "cpu":
-            return None
         return 8.0 * row.model_file_bytes / resolve_model(row.model).total_params
     return row.weights
 
 
 def row_model(row: Row) -> str | Architecture:
     """The row's model name, or, for a CPU row with a file size, its architecture carrying that file's bytes and
-    type as a .gguf file would (`Architecture.weight_bytes`): llama.cpp's CPU kernel rate is per tensor type
-    (engines.toml [llama-cpp-cpu] kernel_rates), which a size in bits does not name."""
-    if not (row.model_file_bytes and row_hardware(row).kind == "cpu"):
+    type as a .gguf file would (`Architecture.weight_bytes`)."""
+    if not _file_on_cpu(row):
         return row.model
     arch = resolve_model(row.model)
     bytes_per_param = row.model_file_bytes / arch.total_params
