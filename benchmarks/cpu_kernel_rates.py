@@ -1,8 +1,8 @@
 """Measure llama.cpp's CPU matmul kernel rate per weight type on this machine: fold C of the accuracy set.
 
 On a CPU, llama.cpp's decode at a few threads and its prefill at any thread count are bound by how fast its
-quantized dot-product kernels run, not by memory bandwidth: a Zen 4 core runs an IQ3 matvec about four times slower
-than an F16 one, while the memory streams both alike. No public per-type figure exists, so this script measures one
+quantized dot-product kernels run, not by memory bandwidth: a Zen 4 core runs an IQ3_S matvec about four times slower
+than a Q4_0 one, while the memory streams both alike. No public per-type figure exists, so this script measures one
 on the machine it runs on and writes `benchmarks/accuracy/cpu_kernels.csv`; `catalog/engines.toml [llama-cpp-cpu]`
 carries the rates fitted from that file (fold C: the project's own runs, never the held-out published rows), and
 `benchmarks/accuracy/score.py` checks the catalog against the file.
@@ -27,7 +27,7 @@ Each row's rate is multiply-accumulates (weights x tokens) per cycle per thread:
 matrices' weights, a pp's count the LM head once per prompt (llama.cpp computes logits for the last token only).
 `benchmarks/accuracy/score.py` (`kernel_rates_from`) turns the rows into the catalog's [decode, prefill] pairs.
 
-    python benchmarks/cpu_kernel_rates.py            # about 25 minutes on 2 cores; writes the CSV
+    python benchmarks/cpu_kernel_rates.py            # about 45 minutes on 2 cores, most of it quantizing the IQ types
     python benchmarks/cpu_kernel_rates.py --types q4_0,q8_0 --out /tmp/k.csv
 """
 
