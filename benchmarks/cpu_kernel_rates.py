@@ -8,9 +8,9 @@ carries the rates fitted from that file (fold C: the project's own runs, never t
 `benchmarks/accuracy/score.py` checks the catalog against the file.
 
 What it runs, all local, nothing downloaded but the llama-cpp-python sdist that `scripts/build_llama_server.sh`
-already fetches:
+already fetches (or, with `--llama-cpp-python VERSION`, that version's sdist from PyPI, to measure an older llama.cpp):
 1. builds `llama-bench` and `llama-quantize` from that sdist's llama.cpp with the AVX-512 kernels a native build on
-   a Zen 4 machine selects (cached beside the llama-server build);
+   a Zen 4 machine selects (cached beside the llama-server build, or under <cache>/llama-cpp/VERSION);
 2. writes synthetic F16 models with random weights (kernel speed does not depend on the values): for prefill, two
    layers with Llama-3.1-8B's matrices (hidden 4096, FFN 14336, 32 / 8 heads; SmolLM2's 49,152-token vocabulary,
    tied embeddings); for decode, one small layer at two FFN widths with a 1,024-token vocabulary, small enough to stay
@@ -29,6 +29,8 @@ matrices' weights, a pp's count the LM head once per prompt (llama.cpp computes 
 
     python benchmarks/cpu_kernel_rates.py            # about 45 minutes on 2 cores, most of it quantizing the IQ types
     python benchmarks/cpu_kernel_rates.py --types q4_0,q8_0 --out /tmp/k.csv
+    # llama.cpp build 3441 (081fe43, 2024-07-23), the build of the 7950X rows: [llama-cpp-cpu-b3441]
+    python benchmarks/cpu_kernel_rates.py --llama-cpp-python 0.2.83 --out benchmarks/accuracy/cpu_kernels_b3441.csv
 """
 
 from __future__ import annotations
@@ -114,21 +116,39 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def build_tools(cache: Path) -> Path:
-    """llama-bench and llama-quantize with Zen 4's AVX-512 kernels, from the sdist the llama-server build fetched."""
-    server = subprocess.run(["bash", str(REPO / "scripts" / "build_llama_server.sh")], check=True,
-                            capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    root = Path(server).parents[2]  # <cache>/llama-server/<version>
-    source = next(root.glob("llama_cpp_python-*/vendor/llama.cpp"))
+def llama_cpp_source(version: str | None) -> tuple[Path, Path]:
+    """(llama.cpp source folder, cache folder) of a llama-cpp-python sdist: by default the one the llama-server
+    build fetched (the pinned version); else ``version``'s, downloaded from PyPI once and kept in the cache."""
+    if version is None:
+        server = subprocess.run(["bash", str(REPO / "scripts" / "build_llama_server.sh")], check=True,
+                                capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        root = Path(server).parents[2]  # <cache>/llama-server/<version>
+        return next(root.glob("llama_cpp_python-*/vendor/llama.cpp")), root
+    cache = Path(os.environ.get("SPEEDLIMIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "speedlimit")
+    root = cache / "llama-cpp" / version
+    source = root / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+    if not (source / "CMakeLists.txt").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        log(f"downloading the llama-cpp-python {version} sdist into {root}")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={version}", "-d", str(root)], check=True)
+        subprocess.run(["tar", "-xzf", str(root / f"llama_cpp_python-{version}.tar.gz"), "-C", str(root)], check=True)
+    return source, root
+
+
+def build_tools(cache: Path | None, version: str | None = None) -> Path:
+    """llama-bench and llama-quantize with Zen 4's AVX-512 kernels, from a llama-cpp-python sdist's llama.cpp."""
+    source, root = llama_cpp_source(version)
     build = cache if cache else root / "build-zen4"
     bench, quantize = build / "bin" / "llama-bench", build / "bin" / "llama-quantize"
     if bench.exists() and quantize.exists():
         return build / "bin"
     log(f"building llama-bench and llama-quantize into {build} (several minutes)")
+    # LLAMA_BUILD_EXAMPLES=ON: llama.cpp of 2024 keeps both tools among its examples (later ones under tools/)
     subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                     "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
                     "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF",
                     "-DLLAMA_CURL=OFF"], check=True, capture_output=True)
     subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "llama-quantize",
                     "-j", str(os.cpu_count() or 2)], check=True, capture_output=True)
@@ -255,13 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="scratch folder for the models (default: a temporary one)")
     parser.add_argument("--build", type=Path, default=None, help="build folder for the tools (default: cached)")
     parser.add_argument("--resume", action="store_true", help="keep the types --out already holds, run the rest")
+    parser.add_argument("--llama-cpp-python", dest="version", default=None, metavar="VERSION",
+                        help="measure the llama.cpp vendored in this llama-cpp-python sdist (default: the pinned one)")
     args = parser.parse_args(argv)
     wanted = [t.strip().upper() for t in args.types.split(",") if t.strip()]
     unknown = [t for t in wanted if t not in TYPES]
     if unknown:
         parser.error(f"unknown type(s) {', '.join(unknown)}; known: {', '.join(t.lower() for t in TYPES)}")
     cores = os.cpu_count() or 1
-    tools = build_tools(args.build)
+    tools = build_tools(args.build, args.version)
     work = args.work or Path(tempfile.mkdtemp(prefix="speedlimit-kernels-"))
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = smollm2_tokenizer()

@@ -49,6 +49,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -253,8 +254,26 @@ ENGINE_PROFILES = {"llama.cpp": "llama-cpp", "llama.cpp-vulkan": "llama-cpp-vulk
                    "sglang": "sglang", "vllm": "vllm", "nim": "tensorrt-llm", "tensorrt-llm": "tensorrt-llm"}
 
 
+# Engine versions the catalog has a profile of: (the profile a row's engine runs as on its device, what its notes
+# quote of the version it ran) -> that version's profile. A row that names no version, or one without a profile, is
+# priced with the current one (SOURCES.md: fold C amendment, fold D).
+VERSION_PROFILES = (
+    # llama-bench's "build: <commit> (<number>)" line, mainline build 3441
+    ("llama-cpp-cpu", re.compile(r"build:? [0-9a-f]{7,40} \(3441\)"), "llama-cpp-cpu-b3441"),
+    # the sglang release a setup names (dstack: "sglang 0.4.3.post2", "sglang 0.4.2.post4")
+    ("sglang", re.compile(r"\bsglang 0\.4\.[1-3]\b", re.IGNORECASE), "sglang-0.4"),
+)
+
+
 def row_engine(row: Row) -> str | None:
-    return ENGINE_PROFILES.get(row.engine)
+    """The engine profile a row is priced with in the 'profiles' modes: its engine's, at the row's version where the
+    catalog has that version's profile."""
+    profile = ENGINE_PROFILES.get(row.engine)
+    if profile is None:
+        return None
+    backend = engine_for_device(resolve_engine(profile), row_hardware(row)).key
+    return next((versioned for base, named, versioned in VERSION_PROFILES if base == backend and named.search(row.notes)),
+                profile)
 
 
 def predict_tok_s(row: Row, *, ideal: bool = False, bw_efficiency: float | None = None, step_overhead_s: float | None = None,
@@ -503,8 +522,8 @@ def fold_fits(inputs: FitInputs) -> dict[str, dict[str, float]]:
 def gemm_fit_rows(rows: list[Row]) -> list[Row]:
     """The prefill rows the llama.cpp CUDA profile prices: llama.cpp (or Ollama) prompt rates on a device where the
     default engine runs as `GEMM_FIT_PROFILE` (an NVIDIA GPU), both folds."""
-    return [row for row in rows if row.quantity == "prefill" and row.prefill_tok_s and row_engine(row) == "llama-cpp"
-            and engine_for_device(resolve_engine(row_engine(row)), row_hardware(row)).key == GEMM_FIT_PROFILE]
+    return [row for row in rows if row.quantity == "prefill" and row.prefill_tok_s and ENGINE_PROFILES.get(row.engine) == "llama-cpp"
+            and engine_for_device(resolve_engine("llama-cpp"), row_hardware(row)).key == GEMM_FIT_PROFILE]
 
 
 def gemm_profile(efficiency: float) -> EngineProfile:
@@ -563,7 +582,8 @@ def print_gemm_fit(all_rows: list[Row]) -> int:
 
 
 KERNELS_CSV = Path(__file__).with_name("cpu_kernels.csv")
-KERNEL_PROFILE = "llama-cpp-cpu"
+# each measured llama.cpp version's fold-C file -> the engine profile that ships its rates
+KERNEL_FILES = {"llama-cpp-cpu": KERNELS_CSV, "llama-cpp-cpu-b3441": Path(__file__).with_name("cpu_kernels_b3441.csv")}
 
 
 def kernel_rates_from(path: Path = KERNELS_CSV) -> dict[str, list[float]]:
@@ -590,22 +610,106 @@ def kernel_rates_from(path: Path = KERNELS_CSV) -> dict[str, list[float]]:
 
 
 def print_cpu_kernel_fit() -> int:
-    """Check that the catalog ships fold C's CPU kernel rates; 1 when it does not."""
-    print(f"llama.cpp's CPU matmul kernel rates (catalog/engines.toml [{KERNEL_PROFILE}] kernel_rates): multiply-accumulates "
-          "per cycle per thread per tensor type, fitted on fold C")
-    if not KERNELS_CSV.exists():
-        print(f"  {KERNELS_CSV.name} is missing: nothing to check")
-        return 1
-    fitted = kernel_rates_from()
-    shipped = (catalog_engine(KERNEL_PROFILE).kernel_rates or Sourced(value={}, fitted="C")).value
-    print(f"  fold C = {KERNELS_CSV.name} (benchmarks/cpu_kernel_rates.py, the project's own runs; no published row): "
-          f"{len(fitted)} types")
-    wrong = sorted(k for k in set(fitted) | set(shipped) if fitted.get(k) != shipped.get(k))
-    for kind in wrong:
-        print(f"  {kind}: shipped {shipped.get(kind)} != fold C {fitted.get(kind)}  <-- MISMATCH: update catalog/engines.toml")
-    if not wrong:
-        print("  shipped = the fold-C fit for every type")
-    return 1 if wrong else 0
+    """Check that the catalog ships fold C's CPU kernel rates, for each llama.cpp version measured; 1 when not."""
+    status = 0
+    for profile, path in KERNEL_FILES.items():
+        print(f"llama.cpp's CPU matmul kernel rates (catalog/engines.toml [{profile}] kernel_rates): multiply-accumulates "
+              "per cycle per thread per tensor type, fitted on fold C")
+        if not path.exists():
+            print(f"  {path.name} is missing: nothing to check")
+            status = 1
+            continue
+        fitted = kernel_rates_from(path)
+        shipped = (catalog_engine(profile).kernel_rates or Sourced(value={}, fitted="C")).value
+        print(f"  fold C = {path.name} (benchmarks/cpu_kernel_rates.py, the project's own runs; no published row): "
+              f"{len(fitted)} types")
+        wrong = sorted(k for k in set(fitted) | set(shipped) if fitted.get(k) != shipped.get(k))
+        for kind in wrong:
+            print(f"  {kind}: shipped {shipped.get(kind)} != fold C {fitted.get(kind)}  <-- MISMATCH: update catalog/engines.toml")
+        if not wrong:
+            print("  shipped = the fold-C fit for every type")
+        status |= 1 if wrong else 0
+    return status
+
+
+# ------------------------------------------------------------------------------------------------
+# fold D: per-version step costs of serving engines (engine_steps.csv; rule in SOURCES.md)
+
+ENGINE_STEPS_CSV = Path(__file__).with_name("engine_steps.csv")
+# the cost per decode kernel searched, seconds (0-100 us by 0.5 us)
+FIT_KERNEL_OVERHEAD_S = np.round(np.arange(0.0, 100.0001, 0.5), 1) * 1e-6
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """One fold-D line: a named engine version's decode throughput at a fixed batch and fixed lengths."""
+
+    profile: str
+    device: str
+    model: str
+    weights: str
+    tp: int
+    batch: int
+    prompt_tokens: int
+    output_tokens: int
+    output_tok_s: float
+    source: str
+
+    @property
+    def step_s(self) -> float:
+        """Measured seconds per decode step: the batch's tokens per step over its token rate."""
+        return self.batch / self.output_tok_s
+
+
+def load_engine_steps(path: Path = ENGINE_STEPS_CSV) -> list[EngineStep]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return [EngineStep(r["profile"], r["device"], r["model"], r["weights"], int(r["tp"]), int(r["batch"]),
+                           int(r["prompt_tokens"]), int(r["output_tokens"]), float(r["output_tok_s"]), r["source"])
+                for r in csv.DictReader(f)]
+
+
+def predict_step_s(line: EngineStep, kernel_overhead_s: float | None = None) -> float:
+    """The real estimator's decode step (ITL) for a fold-D line, with its profile's per-kernel cost replaced by
+    ``kernel_overhead_s`` when given."""
+    profile = catalog_engine(line.profile)
+    if kernel_overhead_s is not None:
+        profile = profile.model_copy(update={"kernel_overhead_s": Sourced(value=float(kernel_overhead_s), fitted="D")})
+    result = estimate(line.model, line.device, weights=line.weights, tp=line.tp, batch=line.batch,
+                      prompt=line.prompt_tokens, output=line.output_tokens, engine=profile)
+    return result.itl_s
+
+
+def fit_kernel_overhead_s(lines: list[EngineStep]) -> float:
+    """The per-kernel cost on `FIT_KERNEL_OVERHEAD_S` minimising the mean |log(predicted / measured step)|."""
+    measured = np.array([line.step_s for line in lines])
+    loss = [np.mean(np.abs(np.log(np.array([predict_step_s(line, value) for line in lines]) / measured)))
+            for value in FIT_KERNEL_OVERHEAD_S]
+    return float(FIT_KERNEL_OVERHEAD_S[int(np.argmin(loss))])
+
+
+def print_engine_step_fit() -> int:
+    """Fit each fold-D profile's per-kernel cost; 1 when the catalog does not ship the fit."""
+    lines = load_engine_steps()
+    status = 0
+    for profile in dict.fromkeys(line.profile for line in lines):
+        mine = [line for line in lines if line.profile == profile]
+        print(f"{profile}'s cost per decode kernel (catalog/engines.toml [{profile}] kernel_overhead_s), fitted on fold D "
+              f"({ENGINE_STEPS_CSV.name}: {len(mine)} published lines outside fold B; grid 0-100 us by 0.5 us, "
+              "minimising mean |log(predicted / measured step)|)")
+        fitted = fit_kernel_overhead_s(mine)
+        for line in mine:
+            predicted = predict_step_s(line, fitted)
+            print(f"  {line.model} on {line.tp} x {line.device}, batch {line.batch}, {line.prompt_tokens} in / "
+                  f"{line.output_tokens} out: measured {line.step_s * 1e3:.1f} ms per step, fitted {predicted * 1e3:.1f} ms "
+                  f"({100 * (predicted / line.step_s - 1):+.1f}%)")
+        shipped_field = catalog_engine(profile).kernel_overhead_s
+        shipped = None if shipped_field is None or shipped_field.fitted != "D" else float(shipped_field.value)
+        same = shipped is not None and abs(shipped - fitted) < 0.25e-6
+        shown = "not fitted on fold D" if shipped is None else f"{shipped * 1e6:.1f} us"
+        print(f"  fit -> {fitted * 1e6:.1f} us; shipped {profile}: {shown}"
+              f"{'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
+        status |= 0 if same else 1
+    return status
 
 
 # ------------------------------------------------------------------------------------------------
@@ -756,6 +860,8 @@ def main(argv: list[str] | None = None) -> int:
     print_quantity_report(decode_records + others, why_none)
     print("Mode 'profiles': each row priced with its engine's profile (catalog/engines.toml; ENGINE_PROFILES maps the CSV's")
     print("engine column: " + ", ".join(f"{k} -> {v}" for k, v in ENGINE_PROFILES.items()) + "); rows of other engines as in 'default'.")
+    print("A row whose notes name an engine version the catalog has a profile of runs that version's (VERSION_PROFILES: "
+          + ", ".join(f"{base} + /{named.pattern}/ -> {versioned}" for base, named, versioned in VERSION_PROFILES) + ").")
     print("Serving rows are scored with estimate(batch=concurrency) (default, profiles: a steady batch at the mid-reply")
     print(f"context, no queueing, no prefill interleaving) and with the simulator (simulate, simulate+profiles: the row's")
     print(f"closed loop, the requests the source sent or else {SIMULATED_ROUNDS} x concurrency, the engine's scheduler).")
@@ -828,6 +934,8 @@ def main(argv: list[str] | None = None) -> int:
     status |= print_gemm_fit(all_rows)
     print()
     status |= print_cpu_kernel_fit()
+    print()
+    status |= print_engine_step_fit()
     return status
 
 

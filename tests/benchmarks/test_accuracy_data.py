@@ -223,17 +223,19 @@ def test_engine_args_parse_to_simulate_settings_and_reject_anything_else(score):
 # --------------------------------------------------------------------------------------------
 # fold C: llama.cpp's CPU kernel rates (cpu_kernels.csv, benchmarks/cpu_kernel_rates.py)
 
-KERNELS_PATH = ACCURACY_DIR / "cpu_kernels.csv"
+# each measured llama.cpp version's file and the commit its rows must name (SOURCES.md, fold C and its amendment)
+KERNEL_FILES = {"cpu_kernels.csv": "0c1e570", "cpu_kernels_b3441.csv": "081fe43"}
 
 
-def _kernel_records() -> list[dict[str, str]]:
-    with KERNELS_PATH.open(newline="", encoding="utf-8") as handle:
+def _kernel_records(name: str) -> list[dict[str, str]]:
+    with (ACCURACY_DIR / name).open(newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
 
 
-def test_each_kernel_rate_is_its_runs_arithmetic() -> None:
+@pytest.mark.parametrize("name", KERNEL_FILES)
+def test_each_kernel_rate_is_its_runs_arithmetic(name: str) -> None:
     """macs_per_cycle_per_thread = tok/s x MACs per token / (threads x clock), and a prompt counts the head once."""
-    records = _kernel_records()
+    records = _kernel_records(name)
     assert {(r["model"], r["test"]) for r in records} == {("in-cache-narrow", "tg512"), ("in-cache-wide", "tg512"),
                                                           ("8b-matrices", "pp512"), ("8b-matrices", "tg32")}
     for model in ("in-cache-narrow", "in-cache-wide", "8b-matrices"):
@@ -244,18 +246,36 @@ def test_each_kernel_rate_is_its_runs_arithmetic() -> None:
         assert 1e9 < float(r["clock_hz"]) < 7e9 and float(r["tok_s"]) >= float(r["tok_s_mean"]) > 0  # the fastest repetition
 
 
-def test_every_type_was_run_at_one_thread_and_at_all_threads() -> None:
-    records = _kernel_records()
+@pytest.mark.parametrize("name", KERNEL_FILES)
+def test_every_type_was_run_at_one_thread_and_at_all_threads_by_the_files_llama_cpp(name: str) -> None:
+    records = _kernel_records(name)
+    assert {r["llama_cpp"].split()[0] for r in records} == {KERNEL_FILES[name]}
     for kind in {r["type"] for r in records}:
         runs = {(r["model"], r["test"], int(r["threads"])) for r in records if r["type"] == kind}
         cores = int(next(r["cores"] for r in records if r["type"] == kind))
         assert {("in-cache-narrow", "tg512", 1), ("in-cache-wide", "tg512", 1), ("8b-matrices", "pp512", cores)} <= runs, kind
 
 
+def test_each_kernel_file_ships_as_its_profile(score) -> None:
+    assert {path.name for path in score.KERNEL_FILES.values()} == set(KERNEL_FILES)
+    for profile, path in score.KERNEL_FILES.items():
+        fitted = score.kernel_rates_from(path)
+        assert fitted["q4_0"] == list(score.catalog_engine(profile).kernel_rate("q4_0")), profile
+
+
+def test_rows_naming_build_3441_are_priced_with_its_profile_in_profiles_mode(score) -> None:
+    rows = score.load_rows()
+    cpu = [row for row in rows if row.device == "amd-ryzen-9-7950x"]
+    named = [row for row in cpu if "(3441)" in row.notes]
+    assert named and {score.row_engine(row) for row in named} == {"llama-cpp-cpu-b3441"}
+    unnamed = [row for row in cpu if "build not stated" in row.notes]
+    assert unnamed and {score.row_engine(row) for row in unnamed} == {"llama-cpp"}
+    # a GPU row of another build keeps its engine's current profile
+    assert {score.row_engine(row) for row in rows if row.device == "l40s" and row.engine == "llama.cpp"} == {"llama-cpp"}
+
+
 def test_shipped_kernel_rates_are_the_fold_c_fit(score, capsys) -> None:
     assert score.print_cpu_kernel_fit() == 0, capsys.readouterr().out
-    fitted = score.kernel_rates_from()
-    assert fitted["q4_0"] == list(score.catalog_engine("llama-cpp-cpu").kernel_rate("q4_0"))
 
 
 def test_the_kernel_fit_differences_the_in_cache_runs_and_takes_all_threads_for_prefill(score, tmp_path) -> None:
@@ -269,3 +289,34 @@ def test_the_kernel_fit_differences_the_in_cache_runs_and_takes_all_threads_for_
         "q4_0,8b-matrices,pp512,2,100,1000,1e9,12.3456\n"
         "q4_0,8b-matrices,pp512,1,100,1000,1e9,99\n")
     assert score.kernel_rates_from(path) == {"q4_0": [2.0, 12.3]}
+
+
+# --------------------------------------------------------------------------------------------
+# fold D: per-version step costs of serving engines (engine_steps.csv)
+
+
+def test_fold_d_lines_come_from_sources_no_fold_b_row_uses(score) -> None:
+    lines = score.load_engine_steps()
+    held_out = {row.source for row in score.load_rows() if row.fold == "B"}
+    assert lines and not {line.source for line in lines} & held_out
+    for line in lines:
+        assert line.source.startswith("https://") and line.batch >= 1 and line.output_tok_s > 0
+        assert line.step_s == pytest.approx(line.batch / line.output_tok_s)
+
+
+def test_shipped_engine_step_costs_are_the_fold_d_fit(score, capsys) -> None:
+    assert score.print_engine_step_fit() == 0, capsys.readouterr().out
+
+
+def test_a_slower_kernel_floor_predicts_slower_steps(score) -> None:
+    """The fit's lever moves the prediction the way it should (so the grid search can find a minimum)."""
+    line = score.load_engine_steps()[0]
+    assert score.predict_step_s(line, 50e-6) > score.predict_step_s(line, 10e-6) > score.predict_step_s(line, 0.0)
+
+
+def test_rows_naming_sglang_0_4_are_priced_with_its_profile_in_profiles_mode(score) -> None:
+    rows = [row for row in score.load_rows() if row.engine == "sglang"]
+    early = [row for row in rows if "sglang 0.4.3.post2" in row.notes or "sglang 0.4.2.post4" in row.notes]
+    assert len(early) == 18 and {score.row_engine(row) for row in early} == {"sglang-0.4"}
+    later = [row for row in rows if row not in early]  # gpt-oss-20b (Aug 2025), DeepSeek-V3 on B200 (Jun 2025)
+    assert later and {score.row_engine(row) for row in later} == {"sglang"}

@@ -257,10 +257,21 @@ def engine_entries() -> dict[str, dict[str, Any]]:
     """Raw engine profiles keyed by slug, each with its ``inherits`` parent's values filled in."""
     raw = _load_toml("engines.toml")
     merged: dict[str, dict[str, Any]] = {}
-    for key, entry in raw.items():
-        parent = entry.get("inherits")
-        base = {k: v for k, v in raw[parent].items() if k not in ("aliases", "name", "version", "devices")} if parent else {}
-        merged[key] = {**base, **entry}
+
+    def resolved(key: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+        # a versioned profile inherits a backend that inherits the engine: parents resolve first, a loop is an error
+        if key in seen:
+            raise SpeedlimitError(f"engines.toml: profile {key!r} inherits itself ({' -> '.join((*seen, key))})")
+        if key not in merged:
+            entry = raw[key]
+            parent = entry.get("inherits")
+            base = ({k: v for k, v in resolved(parent, (*seen, key)).items()
+                     if k not in ("aliases", "name", "version", "devices", "inherits")} if parent else {})
+            merged[key] = {**base, **entry}
+        return merged[key]
+
+    for key in raw:
+        resolved(key)
     return merged
 
 
