@@ -1,6 +1,6 @@
 """Physical monotonicity of the estimator, checked by hypothesis over catalog models and devices."""
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from speedlimit.catalog import catalog_model, hardware_names, model_names
@@ -20,9 +20,13 @@ REL = 1e-9
 @settings(max_examples=150, deadline=None)
 @given(models, devices, bits, bits, batches, prompts, outputs, ideal)
 def test_more_bits_never_faster(model, device, bits_a, bits_b, batch, prompt, output, ideal):
+    """Where both formats' matmuls run at one rate. llama.cpp's measured CPU kernels (engines.toml kernel_rates) are
+    the exception by design: a wider type can run a faster kernel (bf16's GEMM 33 MAC/cycle against q8_0's 17.9 on Zen
+    4), so a compute-bound CPU step is not ordered by bits; tests/estimator/test_cpu_kernels.py checks those."""
     low, high = sorted((bits_a, bits_b))
     fast = estimate(model, device, weights=low, batch=batch, prompt=prompt, output=output, ideal=ideal)
     slow = estimate(model, device, weights=high, batch=batch, prompt=prompt, output=output, ideal=ideal)
+    assume(fast.cpu_kernels is None and slow.cpu_kernels is None)
     assert slow.decode_tok_s <= fast.decode_tok_s * (1 + REL)
 
 
