@@ -110,7 +110,6 @@ def test_prefill_runs_at_the_prefill_kernels_rate() -> None:
     assert matmul_s < result.ttft_s < 1.15 * matmul_s  # plus attention and the head
 
 
-
 def test_an_older_builds_profile_prices_its_own_measured_kernels() -> None:
     """`--engine llama-cpp-cpu-b3441` (llama.cpp of July 2024) runs its own fold-C rates: its IQ3_S prefill GEMM is
     measured several times slower than late-2025's, and the estimate says which profile priced it."""
@@ -121,6 +120,7 @@ def test_an_older_builds_profile_prices_its_own_measured_kernels() -> None:
     ratio = PROFILE.kernel_rate("iq3_s")[1] / old.kernel_rate("iq3_s")[1]
     assert early.ttft_s / late.ttft_s == pytest.approx(ratio, rel=0.15)  # the matmuls dominate a CPU prefill
     assert early.engine == "llama-cpp-cpu-b3441" and early.cpu_kernels == "iq3_s"
+
 
 def test_an_explicit_or_calibrated_flops_efficiency_turns_the_kernel_rates_off() -> None:
     explicit = estimate("llama-3.1-8b", CPU, weights="q4_0", threads=2, flops_efficiency=0.5)
