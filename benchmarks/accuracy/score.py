@@ -262,6 +262,8 @@ VERSION_PROFILES = (
     ("llama-cpp-cpu", re.compile(r"build:? [0-9a-f]{7,40} \(3441\)"), "llama-cpp-cpu-b3441"),
     # the sglang release a setup names (dstack: "sglang 0.4.3.post2", "sglang 0.4.2.post4")
     ("sglang", re.compile(r"\bsglang 0\.4\.[1-3]\b", re.IGNORECASE), "sglang-0.4"),
+    # the vLLM build a setup names (dstack: "vLLM 0.7.3.dev138+g21f6ca217", "vLLM nightly 0.7.4.dev181+gf35f8e22")
+    ("vllm", re.compile(r"\bvLLM (nightly )?0\.7\.\d"), "vllm-0.7"),
 )
 
 
@@ -638,11 +640,15 @@ def print_cpu_kernel_fit() -> int:
 ENGINE_STEPS_CSV = Path(__file__).with_name("engine_steps.csv")
 # the cost per decode kernel searched, seconds (0-100 us by 0.5 us)
 FIT_KERNEL_OVERHEAD_S = np.round(np.arange(0.0, 100.0001, 0.5), 1) * 1e-6
+# the cost per running sequence per step searched, seconds (0-2,000 us by 5 us)
+FIT_SEQUENCE_OVERHEAD_S = np.round(np.arange(0.0, 2000.0001, 5.0), 1) * 1e-6
+# what a fold-D figure is (SOURCES.md): a decode rate at a fixed batch, an offline run's output rate, one batch's latency
+ENGINE_STEP_METRICS = ("decode_tok_s", "offline_output_tok_s", "batch_latency_s")
 
 
 @dataclass(frozen=True)
 class EngineStep:
-    """One fold-D line: a named engine version's decode throughput at a fixed batch and fixed lengths."""
+    """One fold-D line: a named engine version's published figure at a fixed batch and fixed lengths."""
 
     profile: str
     device: str
@@ -652,62 +658,99 @@ class EngineStep:
     batch: int
     prompt_tokens: int
     output_tokens: int
-    output_tok_s: float
+    metric: str
+    value: float
     source: str
 
     @property
-    def step_s(self) -> float:
-        """Measured seconds per decode step: the batch's tokens per step over its token rate."""
-        return self.batch / self.output_tok_s
+    def measured_s(self) -> float:
+        """The figure as seconds: one decode step (batch / tok/s), the whole offline run (batch x output / tok/s),
+        or the batch's latency as published."""
+        if self.metric == "decode_tok_s":
+            return self.batch / self.value
+        if self.metric == "offline_output_tok_s":
+            return self.batch * self.output_tokens / self.value
+        return self.value
 
 
 def load_engine_steps(path: Path = ENGINE_STEPS_CSV) -> list[EngineStep]:
     with open(path, newline="", encoding="utf-8") as f:
-        return [EngineStep(r["profile"], r["device"], r["model"], r["weights"], int(r["tp"]), int(r["batch"]),
-                           int(r["prompt_tokens"]), int(r["output_tokens"]), float(r["output_tok_s"]), r["source"])
-                for r in csv.DictReader(f)]
+        lines = [EngineStep(r["profile"], r["device"], r["model"], r["weights"], int(r["tp"]), int(r["batch"]),
+                            int(r["prompt_tokens"]), int(r["output_tokens"]), r["metric"], float(r["value"]), r["source"])
+                 for r in csv.DictReader(f)]
+    unknown = {line.metric for line in lines} - set(ENGINE_STEP_METRICS)
+    if unknown:
+        raise ValueError(f"{path.name}: unknown metric {sorted(unknown)} (known: {', '.join(ENGINE_STEP_METRICS)})")
+    return lines
 
 
-def predict_step_s(line: EngineStep, kernel_overhead_s: float | None = None) -> float:
-    """The real estimator's decode step (ITL) for a fold-D line, with its profile's per-kernel cost replaced by
-    ``kernel_overhead_s`` when given."""
+def predict_step_s(line: EngineStep, kernel_overhead_s: float | None = None, sequence_overhead_s: float | None = None) -> float:
+    """The real estimator's figure for a fold-D line, as seconds (`EngineStep.measured_s`), with its profile's per-kernel
+    and per-sequence costs replaced where given: the ITL for a decode rate, else TTFT + (output - 1) x ITL."""
     profile = catalog_engine(line.profile)
-    if kernel_overhead_s is not None:
-        profile = profile.model_copy(update={"kernel_overhead_s": Sourced(value=float(kernel_overhead_s), fitted="D")})
+    update = {name: Sourced(value=float(value), fitted="D") for name, value in
+              (("kernel_overhead_s", kernel_overhead_s), ("sequence_overhead_s", sequence_overhead_s)) if value is not None}
+    profile = profile.model_copy(update=update)
     result = estimate(line.model, line.device, weights=line.weights, tp=line.tp, batch=line.batch,
                       prompt=line.prompt_tokens, output=line.output_tokens, engine=profile)
-    return result.itl_s
+    if line.metric == "decode_tok_s":
+        return result.itl_s
+    return result.ttft_s + (line.output_tokens - 1) * result.itl_s
 
 
-def fit_kernel_overhead_s(lines: list[EngineStep]) -> float:
-    """The per-kernel cost on `FIT_KERNEL_OVERHEAD_S` minimising the mean |log(predicted / measured step)|."""
-    measured = np.array([line.step_s for line in lines])
-    loss = [np.mean(np.abs(np.log(np.array([predict_step_s(line, value) for line in lines]) / measured)))
-            for value in FIT_KERNEL_OVERHEAD_S]
-    return float(FIT_KERNEL_OVERHEAD_S[int(np.argmin(loss))])
+def step_cost_terms(line: EngineStep) -> tuple[float, float, float]:
+    """(seconds at no per-kernel or per-sequence cost, seconds per second of per-kernel cost, per second of
+    per-sequence cost): both costs are additive terms of every step, so a line is linear in them."""
+    base = predict_step_s(line, 0.0, 0.0)
+    per_kernel = (predict_step_s(line, 1e-5, 0.0) - base) / 1e-5
+    per_sequence = (predict_step_s(line, 0.0, 1e-4) - base) / 1e-4
+    return base, per_kernel, per_sequence
+
+
+def fit_step_costs(lines: list[EngineStep]) -> tuple[float, float]:
+    """(kernel_overhead_s, sequence_overhead_s) on the fold-D grid minimising the mean |log(predicted / measured)|;
+    ties go to the smaller per-kernel, then per-sequence, cost. Checked against a direct estimate at the optimum."""
+    terms = np.array([step_cost_terms(line) for line in lines])
+    measured = np.array([line.measured_s for line in lines])
+    kernel, sequence = np.meshgrid(FIT_KERNEL_OVERHEAD_S, FIT_SEQUENCE_OVERHEAD_S, indexing="ij")
+    predicted = terms[:, 0, None, None] + terms[:, 1, None, None] * kernel + terms[:, 2, None, None] * sequence
+    loss = np.mean(np.abs(np.log(predicted / measured[:, None, None])), axis=0)
+    i, j = np.unravel_index(int(np.argmin(loss)), loss.shape)
+    fitted = float(FIT_KERNEL_OVERHEAD_S[i]), float(FIT_SEQUENCE_OVERHEAD_S[j])
+    for line, (base, per_kernel, per_sequence) in zip(lines, terms):
+        direct = predict_step_s(line, *fitted)
+        if not math.isclose(direct, base + per_kernel * fitted[0] + per_sequence * fitted[1], rel_tol=1e-6):
+            raise AssertionError(f"fold-D line {line.source} is not linear in the step costs: {direct}")
+    return fitted
+
+
+def _shipped_fold_d(profile: str, field: str) -> float | None:
+    value = getattr(catalog_engine(profile), field)
+    return None if value is None or value.fitted != "D" else float(value.value)
 
 
 def print_engine_step_fit() -> int:
-    """Fit each fold-D profile's per-kernel cost; 1 when the catalog does not ship the fit."""
+    """Fit each fold-D profile's per-kernel and per-sequence costs; 1 when the catalog does not ship the fit."""
     lines = load_engine_steps()
     status = 0
     for profile in dict.fromkeys(line.profile for line in lines):
         mine = [line for line in lines if line.profile == profile]
-        print(f"{profile}'s cost per decode kernel (catalog/engines.toml [{profile}] kernel_overhead_s), fitted on fold D "
-              f"({ENGINE_STEPS_CSV.name}: {len(mine)} published lines outside fold B; grid 0-100 us by 0.5 us, "
-              "minimising mean |log(predicted / measured step)|)")
-        fitted = fit_kernel_overhead_s(mine)
+        print(f"{profile}'s cost per decode kernel and per running sequence (catalog/engines.toml [{profile}] "
+              f"kernel_overhead_s, sequence_overhead_s), fitted on fold D ({ENGINE_STEPS_CSV.name}: {len(mine)} published "
+              "lines outside fold B; grid 0-100 us by 0.5 us x 0-2,000 us by 5 us, minimising mean |log(predicted / measured)|)")
+        fitted = fit_step_costs(mine)
         for line in mine:
-            predicted = predict_step_s(line, fitted)
+            predicted = predict_step_s(line, *fitted)
+            what = {"decode_tok_s": "per step", "offline_output_tok_s": "for the offline run",
+                    "batch_latency_s": "batch latency"}[line.metric]
             print(f"  {line.model} on {line.tp} x {line.device}, batch {line.batch}, {line.prompt_tokens} in / "
-                  f"{line.output_tokens} out: measured {line.step_s * 1e3:.1f} ms per step, fitted {predicted * 1e3:.1f} ms "
-                  f"({100 * (predicted / line.step_s - 1):+.1f}%)")
-        shipped_field = catalog_engine(profile).kernel_overhead_s
-        shipped = None if shipped_field is None or shipped_field.fitted != "D" else float(shipped_field.value)
-        same = shipped is not None and abs(shipped - fitted) < 0.25e-6
-        shown = "not fitted on fold D" if shipped is None else f"{shipped * 1e6:.1f} us"
-        print(f"  fit -> {fitted * 1e6:.1f} us; shipped {profile}: {shown}"
-              f"{'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
+                  f"{line.output_tokens} out: measured {line.measured_s * 1e3:,.1f} ms {what}, fitted "
+                  f"{predicted * 1e3:,.1f} ms ({100 * (predicted / line.measured_s - 1):+.1f}%)")
+        shipped = (_shipped_fold_d(profile, "kernel_overhead_s"), _shipped_fold_d(profile, "sequence_overhead_s"))
+        same = all(s is not None and abs(s - f) < 0.25e-6 for s, f in zip(shipped, fitted))
+        shown = ", ".join("not fitted on fold D" if s is None else f"{s * 1e6:.1f} us" for s in shipped)
+        print(f"  fit -> {fitted[0] * 1e6:.1f} us per kernel, {fitted[1] * 1e6:.1f} us per sequence; shipped {profile}: "
+              f"{shown}{'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
         status |= 0 if same else 1
     return status
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -109,7 +110,8 @@ def test_every_row_is_well_formed(record):
     if record["engine_args"]:
         assert record["quantity"] == "serving"
         flags = {"max_seqs": ("--max-num-seqs", "--max-running-requests", "--max_batch_size"),
-                 "max_batched_tokens": ("--max-num-batched-tokens", "--chunked-prefill-size", "--max_num_tokens"),
+                 # vLLM 0.7 with MLA: no chunked prefill, the step budget is --max-model-len (SOURCES.md, engine_args)
+                 "max_batched_tokens": ("--max-num-batched-tokens", "--chunked-prefill-size", "--max_num_tokens", "--max-model-len"),
                  "chunked_prefill": ("--enable-chunked-prefill", "--no-enable-chunked-prefill", "enable_chunked_prefill"),
                  "kv": ("--kv-cache-dtype", "kv_cache_config")}
         for key, value in score_module().parse_engine_args(record["engine_args"]):
@@ -300,8 +302,26 @@ def test_fold_d_lines_come_from_sources_no_fold_b_row_uses(score) -> None:
     held_out = {row.source for row in score.load_rows() if row.fold == "B"}
     assert lines and not {line.source for line in lines} & held_out
     for line in lines:
-        assert line.source.startswith("https://") and line.batch >= 1 and line.output_tok_s > 0
-        assert line.step_s == pytest.approx(line.batch / line.output_tok_s)
+        assert line.source.startswith("https://") and line.batch >= 1 and line.value > 0
+        assert line.metric in score.ENGINE_STEP_METRICS
+
+
+def test_a_fold_d_figure_is_read_as_the_time_it_measures(score) -> None:
+    line = score.load_engine_steps()[0]
+    as_step = dataclasses.replace(line, metric="decode_tok_s", batch=8, value=200.0)
+    as_offline = dataclasses.replace(line, metric="offline_output_tok_s", batch=100, output_tokens=1000, value=500.0)
+    as_latency = dataclasses.replace(line, metric="batch_latency_s", value=7.5)
+    assert as_step.measured_s == pytest.approx(0.04)  # 8 tokens per step at 200 tok/s
+    assert as_offline.measured_s == pytest.approx(200.0)  # 100 x 1,000 tokens at 500 tok/s
+    assert as_latency.measured_s == 7.5
+
+
+def test_an_unknown_fold_d_metric_is_refused(score, tmp_path) -> None:
+    path = tmp_path / "steps.csv"
+    path.write_text("profile,engine_version,device,model,weights,tp,batch,prompt_tokens,output_tokens,metric,value,source,notes\n"
+                    "vllm-0.7,x,h200,deepseek-r1,fp8,8,1,32,128,tokens_per_joule,3,https://example.org,\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="unknown metric"):
+        score.load_engine_steps(path)
 
 
 def test_shipped_engine_step_costs_are_the_fold_d_fit(score, capsys) -> None:
@@ -309,9 +329,20 @@ def test_shipped_engine_step_costs_are_the_fold_d_fit(score, capsys) -> None:
 
 
 def test_a_slower_kernel_floor_predicts_slower_steps(score) -> None:
-    """The fit's lever moves the prediction the way it should (so the grid search can find a minimum)."""
+    """The fit's levers move the prediction the way they should (so the grid search can find a minimum)."""
     line = score.load_engine_steps()[0]
     assert score.predict_step_s(line, 50e-6) > score.predict_step_s(line, 10e-6) > score.predict_step_s(line, 0.0)
+    batched = next(line for line in score.load_engine_steps() if line.batch > 1)
+    assert score.predict_step_s(batched, 0.0, 1e-3) > score.predict_step_s(batched, 0.0, 1e-4) > score.predict_step_s(batched, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("metric", ["decode_tok_s", "offline_output_tok_s", "batch_latency_s"])
+def test_a_fold_d_line_is_linear_in_both_step_costs(score, metric) -> None:
+    """What lets the fit evaluate its whole grid from three estimates per line: the two costs are additive terms."""
+    line = next(line for line in score.load_engine_steps() if line.metric == metric)
+    base, per_kernel, per_sequence = score.step_cost_terms(line)
+    assert per_kernel > 0 and per_sequence > 0
+    assert score.predict_step_s(line, 37e-6, 410e-6) == pytest.approx(base + 37e-6 * per_kernel + 410e-6 * per_sequence, rel=1e-9)
 
 
 def test_rows_naming_sglang_0_4_are_priced_with_its_profile_in_profiles_mode(score) -> None:
@@ -320,3 +351,13 @@ def test_rows_naming_sglang_0_4_are_priced_with_its_profile_in_profiles_mode(sco
     assert len(early) == 18 and {score.row_engine(row) for row in early} == {"sglang-0.4"}
     later = [row for row in rows if row not in early]  # gpt-oss-20b (Aug 2025), DeepSeek-V3 on B200 (Jun 2025)
     assert later and {score.row_engine(row) for row in later} == {"sglang"}
+
+
+def test_rows_naming_vllm_0_7_are_priced_with_its_profile_in_profiles_mode(score) -> None:
+    rows = [row for row in score.load_rows() if row.engine == "vllm"]
+    early = [row for row in rows if "vLLM 0.7.3.dev138" in row.notes or "vLLM nightly 0.7.4.dev181" in row.notes]
+    assert len(early) == 18 and {score.row_engine(row) for row in early} == {"vllm-0.7"}
+    later = [row for row in rows if row not in early]  # the vLLM recipes' MI300X rows (later builds)
+    assert later and {score.row_engine(row) for row in later} == {"vllm"}
+    # V0 with MLA: --max-model-len is the step's token budget (SOURCES.md, engine_args)
+    assert {dict(row.engine_args).get("max_batched_tokens") for row in early if row.device == "mi300x"} == {32768}

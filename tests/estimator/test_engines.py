@@ -373,7 +373,8 @@ def test_profile_kv_formats_must_be_names() -> None:
 
 
 # versioned profiles: an older engine build, its own measured or fitted values over its base's
-VERSIONED = {"sglang-0.4": "sglang", "llama-cpp-cpu-b3441": "llama-cpp-cpu"}
+# (versioned profile -> its base, and the version its sourced values must name)
+VERSIONED = {"sglang-0.4": ("sglang", "0.4"), "llama-cpp-cpu-b3441": ("llama-cpp-cpu", "3441"), "vllm-0.7": ("vllm", "0.7")}
 
 
 @pytest.mark.parametrize("key", sorted(VERSIONED))
@@ -382,10 +383,14 @@ def test_a_versioned_profile_keeps_its_base_except_what_it_states(key: str) -> N
     from importlib import resources
 
     raw = tomllib.loads(resources.files("speedlimit.catalog").joinpath("engines.toml").read_text(encoding="utf-8"))
-    base, versioned = catalog_engine(VERSIONED[key]), catalog_engine(key)
-    assert raw[key]["inherits"] == VERSIONED[key] and versioned.version != base.version
+    base_key, version = VERSIONED[key]
+    base, versioned = catalog_engine(base_key), catalog_engine(key)
+    assert raw[key]["inherits"] == base_key and versioned.version != base.version
     stated = set(raw[key]) - {"name", "aliases", "version", "homepage", "devices", "inherits"}
-    assert stated and all(sourced.fitted in ("C", "D") for field, sourced in versioned.sourced_values().items() if field in stated)
+    assert stated
+    for field, sourced in versioned.sourced_values().items():
+        if field in stated:  # fitted for that version, or a source about that version
+            assert sourced.fitted in ("C", "D") or version in sourced.source, field
     for field, sourced in base.sourced_values().items():
         if field not in stated:
             assert versioned.sourced_values()[field] == sourced, field
@@ -400,3 +405,16 @@ def test_early_sglang_prices_decode_steps_above_its_kernel_floor() -> None:
            for e in (early, late)]
     assert one[0] - one[1] == pytest.approx(kernels * early.kernel_overhead_s.value, rel=1e-6)
     assert 0.02 < one[0] < 0.05  # ~30 ms, as SGLang v0.4.1.post2 ran it (fold D), where the late profile prices ~2 ms
+
+
+def test_early_vllm_prices_a_kernel_floor_and_a_cost_per_running_sequence() -> None:
+    """vLLM 0.7's fitted step costs (fold D) over the late-2025 V1 profile: kernels x floor more per step, and each
+    running sequence costs its fitted figure instead of V1's host bookkeeping."""
+    early, late = catalog_engine("vllm-0.7"), catalog_engine("vllm")
+    kernels = resolve_model("deepseek-r1").decode_kernels * early.kernel_fraction.value
+    for batch in (1, 32):
+        itl = [estimate("deepseek-r1", "h200", weights="fp8", tp=8, batch=batch, prompt=3200, output=800, engine=e).itl_s
+               for e in (early, late)]
+        extra = kernels * early.kernel_overhead_s.value + batch * (early.sequence_overhead_s.value - late.sequence_overhead_s.value)
+        assert itl[0] - itl[1] == pytest.approx(extra, rel=1e-6)
+    assert early.chunked_prefill.value is False and early.prefix_caching.value is False  # forced off with MLA in V0
