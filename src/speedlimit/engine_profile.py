@@ -87,6 +87,9 @@ class EngineProfile(BaseModel):
     sequence_overhead_s: Sourced | None = None
     attention_efficiency: Sourced | None = None
     gemm_efficiency: Sourced | None = None
+    # the same curve for weights that compute in fp8, where a source measures the engine's FP8 GEMMs apart: they reach
+    # a smaller fraction of their (twice as high) peak than bf16 GEMMs do of theirs; None: gemm_efficiency
+    fp8_gemm_efficiency: Sourced | None = None
     # the peak-FLOPs column its GEMMs of f16 and dequantized low-bit weights run at, where a device lists one
     # (llama.cpp CUDA: "fp16_acc16", cuBLAS with fp16 accumulation); None: the weights' compute dtype
     half_gemm_dtype: Sourced | None = None
@@ -146,7 +149,7 @@ class EngineProfile(BaseModel):
             raise ValueError(f"must be a KV format name (fp16, bf16, fp8, ...), got {field.value!r}")
         return field
 
-    @field_validator("gemm_efficiency")
+    @field_validator("gemm_efficiency", "fp8_gemm_efficiency")
     @classmethod
     def _curve(cls, field: Sourced | None) -> Sourced | None:
         if field is None:
@@ -190,6 +193,12 @@ class EngineProfile(BaseModel):
     def gemm_points(self) -> tuple[tuple[float, float], ...]:
         points = _value(self.gemm_efficiency) or []
         return tuple((float(t), float(e)) for t, e in points)
+
+    def gemm_points_for(self, compute_dtype: str | None) -> tuple[tuple[float, float], ...]:
+        """The GEMM-efficiency anchors for weights that compute in ``compute_dtype`` (fp8: its own curve, if any)."""
+        if compute_dtype == "fp8" and self.fp8_gemm_efficiency is not None:
+            return tuple((float(t), float(e)) for t, e in self.fp8_gemm_efficiency.value)
+        return self.gemm_points
 
     def default_kv(self, weights_compute_dtype: str | None) -> str:
         """The KV format it runs by default with weights that compute in ``weights_compute_dtype`` (None: unknown)."""

@@ -175,6 +175,26 @@ def test_engine_gemm_efficiency_prices_prefill() -> None:
     assert flat.machine.gemm_factor_small == flat.machine.gemm_factor_large == flat.machine.attention_factor == 1.0
 
 
+def test_fp8_weights_run_the_engines_fp8_gemm_curve_and_attention_stays_at_the_bf16_peak() -> None:
+    """FP8 GEMMs reach a smaller fraction of their (doubled) peak than bf16 GEMMs (the profiles' cited fp8 curves),
+    and attention runs on the bf16 tensor cores whatever the weights: its rate is the same for both."""
+    bf16 = step_model("llama-3.1-70b", "h100-sxm", engine="vllm", weights="bf16")
+    fp8 = step_model("llama-3.1-70b", "h100-sxm", engine="vllm", weights="fp8")
+    curve = catalog_engine("vllm").fp8_gemm_efficiency.value
+    assert fp8.efficiency.flops_efficiency == pytest.approx(max(e for _, e in curve))
+    assert bf16.efficiency.flops_efficiency == pytest.approx(0.766)  # the bf16 curve, unchanged
+    for tokens in (512.0, 4096.0):
+        fp8_rate = fp8.machine.flops * core.gemm_factor(fp8.machine, tokens)
+        bf16_rate = bf16.machine.flops * core.gemm_factor(bf16.machine, tokens)
+        assert 1.0 < fp8_rate / bf16_rate < 1.6  # fp8 GEMMs are faster, but well short of 2x
+    attention = [m.machine.flops * m.machine.attention_factor for m in (bf16, fp8)]
+    assert attention[1] == pytest.approx(attention[0]) == pytest.approx(0.62 * resolve_hardware("h100-sxm").peak_flops("bf16"))
+    # an engine without an fp8 curve prices fp8 GEMMs on its one curve
+    llama = step_model("llama-3.1-70b", "h100-sxm", engine="llama.cpp", weights="fp8")
+    assert catalog_engine("llama-cpp-cuda").fp8_gemm_efficiency is None
+    assert llama.efficiency.flops_efficiency == pytest.approx(0.240)
+
+
 def test_default_llama_cpp_on_an_nvidia_gpu_prices_gemms_at_the_fitted_efficiency() -> None:
     """llama.cpp's CUDA GEMM efficiency is the fold-A fit (benchmarks/accuracy/score.py checks it): the default engine on
     an NVIDIA GPU prices prefill with it; vLLM keeps its cited cuBLAS curve, other backends the kind's fraction."""

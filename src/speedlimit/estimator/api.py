@@ -385,7 +385,7 @@ def resolve(scenario: Scenario) -> StepModel:
         weights = weights.uniform or weights  # one format named per group is that format
     kv = parse_precision(scenario.kv if scenario.kv is not None else engine.default_kv(_weights_compute_dtype(weights)),
                          what="kv")
-    efficiency, terms = engine_efficiency(scenario, device, engine)
+    efficiency, terms = engine_efficiency(scenario, device, engine, _weights_compute_dtype(weights))
     cost, bits = cost_model(arch, weights, kv)
     replicas = kv_replicas(arch, scenario.tp)
     if replicas > 1:
@@ -407,6 +407,12 @@ def resolve(scenario: Scenario) -> StepModel:
         priced_efficiency, priced_peak = efficiency.model_copy(update={"flops_efficiency": 1.0}), rate.peak_flops
         terms.update(gemm_tokens_small=1.0, gemm_factor_small=rate.decode_factor,
                      gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=rate.prefill_factor)
+    if "attention_factor" in terms:
+        # the profiles' attention efficiencies are FlashAttention's bf16/fp16 rates: attention runs on the bf16 peak
+        # whatever the weights compute in (an fp8 model's GEMMs get twice that peak, its attention does not)
+        bf16_peak = device.peak_flops("bf16")
+        if math.isfinite(bf16_peak) and bf16_peak > 0 and math.isfinite(priced_peak) and priced_peak > 0:
+            terms["attention_factor"] *= bf16_peak / priced_peak
     machine = machine_for(device, priced_efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels, priced_peak,
                           reach, pp=scenario.pp, dp=scenario.dp, ep=scenario.ep)
     if not scenario.ideal:
@@ -479,8 +485,11 @@ def engine_gemm_rate(engine: EngineProfile, device: Hardware, weights: Precision
     return column, device.flops[column]
 
 
-def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfile) -> tuple[Efficiency, dict[str, float]]:
+def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfile,
+                      weights_compute_dtype: str | None = None) -> tuple[Efficiency, dict[str, float]]:
     """The achievable fractions and overheads of ``engine`` on ``device``, and the engine's extra `core.Machine` terms.
+
+    ``weights_compute_dtype`` picks the engine's GEMM curve (fp8 weights: its fp8 curve where the profile has one).
 
     Precedence, per value: the scenario's flag, then a calibrated profile's fitted value, then the engine profile,
     then the device kind's default (catalog/efficiency.toml). An explicit --flops-efficiency (or a calibrated one)
@@ -490,7 +499,7 @@ def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfil
     calibrated = device.calibrated_at is not None
     terms: dict[str, float] = {}
     flops_efficiency = scenario.flops_efficiency or (device.flops_efficiency if calibrated else None)
-    points = engine.gemm_points
+    points = engine.gemm_points_for(weights_compute_dtype)
     if flops_efficiency is None and points:
         flops_efficiency = max(e for _, e in points)
         (t0, e0), (t1, e1) = points[0], points[-1]
