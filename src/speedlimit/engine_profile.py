@@ -191,14 +191,12 @@ class EngineProfile(BaseModel):
 
     @property
     def gemm_points(self) -> tuple[tuple[float, float], ...]:
-        points = _value(self.gemm_efficiency) or []
-        return tuple((float(t), float(e)) for t, e in points)
+        return self.gemm_points_for(None)
 
     def gemm_points_for(self, compute_dtype: str | None) -> tuple[tuple[float, float], ...]:
         """The GEMM-efficiency anchors for weights that compute in ``compute_dtype`` (fp8: its own curve, if any)."""
-        if compute_dtype == "fp8" and self.fp8_gemm_efficiency is not None:
-            return tuple((float(t), float(e)) for t, e in self.fp8_gemm_efficiency.value)
-        return self.gemm_points
+        curve = self.fp8_gemm_efficiency if compute_dtype == "fp8" and self.fp8_gemm_efficiency is not None else self.gemm_efficiency
+        return tuple((float(t), float(e)) for t, e in (_value(curve) or []))
 
     def default_kv(self, weights_compute_dtype: str | None) -> str:
         """The KV format it runs by default with weights that compute in ``weights_compute_dtype`` (None: unknown)."""
