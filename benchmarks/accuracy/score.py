@@ -684,7 +684,7 @@ def load_engine_steps(path: Path = ENGINE_STEPS_CSV) -> list[EngineStep]:
     return lines
 
 
-def predict_step_s(line: EngineStep, kernel_overhead_s: float | None = None, sequence_overhead_s: float | None = None) -> float:
+def predict_line_s(line: EngineStep, kernel_overhead_s: float | None = None, sequence_overhead_s: float | None = None) -> float:
     """The real estimator's figure for a fold-D line, as seconds (`EngineStep.measured_s`), with its profile's per-kernel
     and per-sequence costs replaced where given: the ITL for a decode rate, else TTFT + (output - 1) x ITL."""
     profile = catalog_engine(line.profile)
@@ -701,9 +701,9 @@ def predict_step_s(line: EngineStep, kernel_overhead_s: float | None = None, seq
 def step_cost_terms(line: EngineStep) -> tuple[float, float, float]:
     """(seconds at no per-kernel or per-sequence cost, seconds per second of per-kernel cost, per second of
     per-sequence cost): both costs are additive terms of every step, so a line is linear in them."""
-    base = predict_step_s(line, 0.0, 0.0)
-    per_kernel = (predict_step_s(line, 1e-5, 0.0) - base) / 1e-5
-    per_sequence = (predict_step_s(line, 0.0, 1e-4) - base) / 1e-4
+    base = predict_line_s(line, 0.0, 0.0)
+    per_kernel = (predict_line_s(line, 1e-5, 0.0) - base) / 1e-5
+    per_sequence = (predict_line_s(line, 0.0, 1e-4) - base) / 1e-4
     return base, per_kernel, per_sequence
 
 
@@ -718,7 +718,7 @@ def fit_step_costs(lines: list[EngineStep]) -> tuple[float, float]:
     i, j = np.unravel_index(int(np.argmin(loss)), loss.shape)
     fitted = float(FIT_KERNEL_OVERHEAD_S[i]), float(FIT_SEQUENCE_OVERHEAD_S[j])
     for line, (base, per_kernel, per_sequence) in zip(lines, terms):
-        direct = predict_step_s(line, *fitted)
+        direct = predict_line_s(line, *fitted)
         if not math.isclose(direct, base + per_kernel * fitted[0] + per_sequence * fitted[1], rel_tol=1e-6):
             raise AssertionError(f"fold-D line {line.source} is not linear in the step costs: {direct}")
     return fitted
@@ -740,7 +740,7 @@ def print_engine_step_fit() -> int:
               "lines outside fold B; grid 0-100 us by 0.5 us x 0-2,000 us by 5 us, minimising mean |log(predicted / measured)|)")
         fitted = fit_step_costs(mine)
         for line in mine:
-            predicted = predict_step_s(line, *fitted)
+            predicted = predict_line_s(line, *fitted)
             what = {"decode_tok_s": "per step", "offline_output_tok_s": "for the offline run",
                     "batch_latency_s": "batch latency"}[line.metric]
             print(f"  {line.model} on {line.tp} x {line.device}, batch {line.batch}, {line.prompt_tokens} in / "

@@ -110,10 +110,11 @@ def test_every_row_is_well_formed(record):
     if record["engine_args"]:
         assert record["quantity"] == "serving"
         flags = {"max_seqs": ("--max-num-seqs", "--max-running-requests", "--max_batch_size"),
-                 # vLLM 0.7 with MLA: no chunked prefill, the step budget is --max-model-len (SOURCES.md, engine_args)
-                 "max_batched_tokens": ("--max-num-batched-tokens", "--chunked-prefill-size", "--max_num_tokens", "--max-model-len"),
+                 "max_batched_tokens": ("--max-num-batched-tokens", "--chunked-prefill-size", "--max_num_tokens"),
                  "chunked_prefill": ("--enable-chunked-prefill", "--no-enable-chunked-prefill", "enable_chunked_prefill"),
                  "kv": ("--kv-cache-dtype", "kv_cache_config")}
+        if "vLLM 0.7." in record["notes"]:  # V0 with MLA: no chunked prefill, the step budget is --max-model-len (SOURCES.md)
+            flags["max_batched_tokens"] += ("--max-model-len",)
         for key, value in score_module().parse_engine_args(record["engine_args"]):
             assert any(flag in record["notes"] for flag in flags[key]), (key, record["notes"][:200])
             if not isinstance(value, bool):
@@ -331,9 +332,9 @@ def test_shipped_engine_step_costs_are_the_fold_d_fit(score, capsys) -> None:
 def test_a_slower_kernel_floor_predicts_slower_steps(score) -> None:
     """The fit's levers move the prediction the way they should (so the grid search can find a minimum)."""
     line = score.load_engine_steps()[0]
-    assert score.predict_step_s(line, 50e-6) > score.predict_step_s(line, 10e-6) > score.predict_step_s(line, 0.0)
+    assert score.predict_line_s(line, 50e-6) > score.predict_line_s(line, 10e-6) > score.predict_line_s(line, 0.0)
     batched = next(line for line in score.load_engine_steps() if line.batch > 1)
-    assert score.predict_step_s(batched, 0.0, 1e-3) > score.predict_step_s(batched, 0.0, 1e-4) > score.predict_step_s(batched, 0.0, 0.0)
+    assert score.predict_line_s(batched, 0.0, 1e-3) > score.predict_line_s(batched, 0.0, 1e-4) > score.predict_line_s(batched, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("metric", ["decode_tok_s", "offline_output_tok_s", "batch_latency_s"])
@@ -342,7 +343,7 @@ def test_a_fold_d_line_is_linear_in_both_step_costs(score, metric) -> None:
     line = next(line for line in score.load_engine_steps() if line.metric == metric)
     base, per_kernel, per_sequence = score.step_cost_terms(line)
     assert per_kernel > 0 and per_sequence > 0
-    assert score.predict_step_s(line, 37e-6, 410e-6) == pytest.approx(base + 37e-6 * per_kernel + 410e-6 * per_sequence, rel=1e-9)
+    assert score.predict_line_s(line, 37e-6, 410e-6) == pytest.approx(base + 37e-6 * per_kernel + 410e-6 * per_sequence, rel=1e-9)
 
 
 def test_rows_naming_sglang_0_4_are_priced_with_its_profile_in_profiles_mode(score) -> None:

@@ -383,9 +383,9 @@ def resolve(scenario: Scenario) -> StepModel:
     if isinstance(weights, WeightFormats):
         check_weight_groups(arch, weights)
         weights = weights.uniform or weights  # one format named per group is that format
-    kv = parse_precision(scenario.kv if scenario.kv is not None else engine.default_kv(_weights_compute_dtype(weights)),
-                         what="kv")
-    efficiency, terms = engine_efficiency(scenario, device, engine, _weights_compute_dtype(weights))
+    weights_dtype = _weights_compute_dtype(weights)
+    kv = parse_precision(scenario.kv if scenario.kv is not None else engine.default_kv(weights_dtype), what="kv")
+    efficiency, terms = engine_efficiency(scenario, device, engine, weights_dtype)
     cost, bits = cost_model(arch, weights, kv)
     replicas = kv_replicas(arch, scenario.tp)
     if replicas > 1:
