@@ -90,6 +90,9 @@ class EngineProfile(BaseModel):
     # the same curve for weights that compute in fp8, where a source measures the engine's FP8 GEMMs apart: they reach
     # a smaller fraction of their (twice as high) peak than bf16 GEMMs do of theirs; None: gemm_efficiency
     fp8_gemm_efficiency: Sourced | None = None
+    # the fraction of the fp8 peak its fused-MoE kernel reaches on the routed experts' GEMMs (weights computing in
+    # fp8), where a source times that kernel apart; None: the experts ride the GEMM curve
+    fp8_moe_gemm_efficiency: Sourced | None = None
     # the peak-FLOPs column its GEMMs of f16 and dequantized low-bit weights run at, where a device lists one
     # (llama.cpp CUDA: "fp16_acc16", cuBLAS with fp16 accumulation); None: the weights' compute dtype
     half_gemm_dtype: Sourced | None = None
@@ -119,7 +122,7 @@ class EngineProfile(BaseModel):
             raise ValueError(f"must be true or false, got {field.value!r}")
         return field
 
-    @field_validator("kernel_fraction", "attention_efficiency")
+    @field_validator("kernel_fraction", "attention_efficiency", "fp8_moe_gemm_efficiency")
     @classmethod
     def _fraction(cls, field: Sourced | None) -> Sourced | None:
         if field is not None and (isinstance(field.value, bool) or not isinstance(field.value, (int, float))
@@ -197,6 +200,13 @@ class EngineProfile(BaseModel):
         """The GEMM-efficiency anchors for weights that compute in ``compute_dtype`` (fp8: its own curve, if any)."""
         curve = self.fp8_gemm_efficiency if compute_dtype == "fp8" and self.fp8_gemm_efficiency is not None else self.gemm_efficiency
         return tuple((float(t), float(e)) for t, e in (_value(curve) or []))
+
+    def moe_gemm_efficiency_for(self, compute_dtype: str | None) -> float | None:
+        """The fused-MoE kernel's fraction of the peak for weights that compute in ``compute_dtype``; None: no figure
+        of its own (the routed experts are priced on the GEMM curve)."""
+        if compute_dtype == "fp8" and self.fp8_moe_gemm_efficiency is not None:
+            return float(self.fp8_moe_gemm_efficiency.value)
+        return None
 
     def default_kv(self, weights_compute_dtype: str | None) -> str:
         """The KV format it runs by default with weights that compute in ``weights_compute_dtype`` (None: unknown)."""

@@ -172,6 +172,7 @@ def cost_model(arch: Architecture, weights: Precision | WeightFormats | None, kv
         head_flops_per_sequence=2.0 * arch.head_params,
         layers=float(arch.n_layers),
         moe_layers=float(arch.moe_layers),
+        expert_matmul_flops_per_token=2.0 * arch.experts_per_token * arch.expert_params,
     )
     return cost, bits
 
@@ -192,6 +193,7 @@ def ideal_cost_model(cost: core.CostModel, arch: Architecture) -> core.CostModel
         activation_bytes_per_token=0.0,
         allreduces_per_step=0.0,
         head_flops_per_sequence=0.0,  # the seed formula: 2 FLOPs per parameter for every token
+        expert_matmul_flops_per_token=0.0,
     )
 
 
@@ -505,6 +507,9 @@ def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfil
         (t0, e0), (t1, e1) = points[0], points[-1]
         terms.update(gemm_tokens_small=t0, gemm_factor_small=e0 / flops_efficiency,
                      gemm_tokens_large=t1, gemm_factor_large=e1 / flops_efficiency)
+        moe = engine.moe_gemm_efficiency_for(weights_compute_dtype)
+        if moe is not None:  # the engine's fused-MoE kernel, timed apart from its dense GEMMs
+            terms["moe_factor"] = moe / flops_efficiency
     flops_efficiency = flops_efficiency or defaults.flops_efficiency
     if engine.attention_efficiency is not None and scenario.flops_efficiency is None and not calibrated:
         terms["attention_factor"] = engine.attention_efficiency.value / flops_efficiency

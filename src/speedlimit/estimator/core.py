@@ -102,6 +102,9 @@ class CostModel(NamedTuple):
     head_flops_per_sequence: float | np.ndarray = 0.0
     layers: float | np.ndarray = 0.0  # transformer layers that pipeline stages split (0: unknown, an even split)
     moe_layers: float | np.ndarray = 0.0  # layers with routed experts (two all-to-alls each under expert parallelism)
+    # 2 · the routed-expert parameters one token multiplies (k experts), part of matmul_flops_per_token: an engine's
+    # fused-MoE kernel may run at its own rate (`Machine.moe_factor`)
+    expert_matmul_flops_per_token: float | np.ndarray = 0.0
 
 
 class Machine(NamedTuple):
@@ -121,6 +124,8 @@ class Machine(NamedTuple):
     gemm_tokens_large: float | np.ndarray = 1.0
     gemm_factor_large: float | np.ndarray = 1.0
     attention_factor: float | np.ndarray = 1.0  # the attention kernels' rate relative to `flops`
+    # the routed experts' GEMM rate (a fused-MoE kernel) relative to `flops`; NaN: the dense GEMM curve's
+    moe_factor: float | np.ndarray = math.nan
     pp: float | np.ndarray = 1.0  # pipeline stages (tp devices each)
     dp: float | np.ndarray = 1.0  # data-parallel replicas (attention, KV cache and batch share each)
     ep: float | np.ndarray = 1.0  # expert-parallel devices: 1, or tp · dp (the routed experts split over all of them)
@@ -325,7 +330,15 @@ def gemm_factor(machine: Machine, tokens):
 def priced_flops(cost: CostModel, machine: Machine, step: StepBatch):
     """A step's FLOPs weighted by the engine's kernel rates: what `Machine.flops` must execute in the step's time."""
     tokens = step.decode_sequences + step.prefill_tokens
-    return step_matmul_flops(cost, step) / gemm_factor(machine, tokens) + step_attention_flops(cost, step) / machine.attention_factor
+    gemm = gemm_factor(machine, tokens)
+    priced = step_matmul_flops(cost, step) / gemm + step_attention_flops(cost, step) / machine.attention_factor
+    moe = machine.moe_factor
+    if _scalar(moe) and math.isnan(moe):  # no fused-MoE rate of its own: the experts ride the GEMM curve
+        return priced
+    expert = tokens * cost.expert_matmul_flops_per_token  # each token multiplies its k experts once
+    with np.errstate(invalid="ignore"):
+        moe = np.where(np.isnan(moe), gemm, moe) if not _scalar(moe) else moe
+        return priced + expert / moe - expert / gemm
 
 
 def decode_bytes(cost: CostModel, batch, context):
