@@ -112,3 +112,13 @@ async def test_sweep_levels_draw_other_prompts_and_lengths_than_level_0():
     assert [s.prompt_tokens for s in levels[0]] == spec.sample(12, np.random.default_rng([3, 0]))
     assert [s.prompt_tokens for s in levels[1]] == spec.sample(12, np.random.default_rng([level_seed(3, 1), 0]))
     assert not {s.prompt for s in levels[0]} & {s.prompt for s in levels[1]}  # nothing for a prefix cache to serve
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63])
+def test_a_seed_numpy_cannot_take_is_one_error_before_any_request(seed):
+    # found by the fuzz test: `bench --seed -1` reached numpy's SeedSequence and ended in a traceback
+    from speedlimit.bench.runner import WorkloadPlan
+
+    with pytest.raises(SpeedlimitError, match="--seed must be a whole number between 0 and"):
+        WorkloadPlan(seed=seed)
+    assert WorkloadPlan(seed=0).seed == 0

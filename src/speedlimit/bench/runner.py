@@ -142,6 +142,8 @@ class WorkloadPlan:
             raise SpeedlimitError(f"--output-tokens must be between 1 and {MAX_TOKENS:,}")
         if not 0 <= self.prefix_tokens <= MAX_TOKENS:
             raise SpeedlimitError(f"--prefix-tokens must be between 0 and {MAX_TOKENS:,}")
+        if not 0 <= self.seed <= 2**63 - 1:  # numpy's seed sequences take non-negative integers only
+            raise SpeedlimitError(f"--seed must be a whole number between 0 and {2**63 - 1:,}, got {self.seed}")
         if not 1 <= self.prefix_groups <= MAX_PROMPT_POOL:
             raise SpeedlimitError(f"--prefix-groups must be between 1 and {MAX_PROMPT_POOL:,}")
         if self.prefix_groups > 1 and not self.prefix_tokens:
