@@ -438,3 +438,43 @@ def test_early_vllm_prices_a_kernel_floor_and_a_cost_per_running_sequence() -> N
         extra = kernels * early.kernel_overhead_s.value + batch * (early.sequence_overhead_s.value - late.sequence_overhead_s.value)
         assert itl[0] - itl[1] == pytest.approx(extra, rel=1e-6)
     assert early.chunked_prefill.value is False and early.prefix_caching.value is False  # forced off with MLA in V0
+
+
+@pytest.mark.parametrize("key", ["vllm-0.7", "sglang-0.4"])
+def test_early_engines_price_the_routed_experts_at_their_fused_moe_rate(key: str) -> None:
+    """vLLM 0.7 and SGLang 0.4 ran DeepSeek's FP8 experts in the Triton fused-MoE kernel at about 3% of the fp8 peak
+    (engines.toml fp8_moe_gemm_efficiency, vllm PR #13932): a step's expert FLOPs are priced at that rate and the rest
+    of its matmuls on the fp8 GEMM curve, so a long prompt's prefill is several times the late profile's."""
+    import numpy as np
+
+    early = step_model("deepseek-r1", "h200", weights="fp8", tp=8, engine=key)
+    fraction = catalog_engine(key).fp8_moe_gemm_efficiency.value
+    assert early.machine.flops * early.machine.moe_factor == pytest.approx(fraction * resolve_hardware("h200").peak_flops("fp8"))
+    arch = resolve_model("deepseek-r1")
+    expert_per_token = early.cost.expert_matmul_flops_per_token
+    assert expert_per_token == pytest.approx(2 * arch.experts_per_token * arch.expert_params)
+    assert 0 < expert_per_token < early.cost.matmul_flops_per_token  # the routed experts are part of the matmuls
+    step = core.prefill_batch(early.cost, 1, 4096)
+    gemm = core.gemm_factor(early.machine, 4096)
+    on_curve = core.priced_flops(early.cost, early.machine._replace(moe_factor=math.nan), step)
+    extra = 4096 * expert_per_token * (1 / early.machine.moe_factor - 1 / gemm)
+    assert core.priced_flops(early.cost, early.machine, step) - on_curve == pytest.approx(extra, rel=1e-9)
+    # vectorized: a machine array that mixes the two rates prices each element as the scalar path does
+    mixed = early.machine._replace(moe_factor=np.array([early.machine.moe_factor, math.nan]))
+    assert core.priced_flops(early.cost, mixed, step) == pytest.approx(
+        [core.priced_flops(early.cost, early.machine, step), on_curve], rel=1e-12)
+    late = {"vllm-0.7": "vllm", "sglang-0.4": "sglang"}[key]
+    ttft = [estimate("deepseek-r1", "h200", weights="fp8", tp=8, prompt=3200, output=8, engine=e).ttft_s for e in (key, late)]
+    assert ttft[0] > 3 * ttft[1]
+    # only fp8 weights (the kernel the source times), and only the profiles that state it
+    assert math.isnan(step_model("deepseek-r1", "h200", weights="bf16", tp=8, engine=key).machine.moe_factor)
+    assert math.isnan(step_model("deepseek-r1", "h200", weights="fp8", tp=8, engine=late).machine.moe_factor)
+    # an explicit --flops-efficiency is one flat rate for every matmul
+    assert math.isnan(step_model("deepseek-r1", "h200", weights="fp8", tp=8, engine=key, flops_efficiency=0.5).machine.moe_factor)
+
+
+def test_fused_moe_efficiency_must_be_a_fraction() -> None:
+    base = dict(catalog_engine("sglang-0.4").model_dump())
+    base["fp8_moe_gemm_efficiency"] = {"value": 1.5, "source": "https://example.org/x"}
+    with pytest.raises(ValueError, match="fraction"):
+        EngineProfile.model_validate(base)

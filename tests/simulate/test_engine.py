@@ -94,9 +94,57 @@ def test_in_flight_batching_prefills_whole_prompts_beside_the_decodes(monkeypatc
 def test_the_tensorrt_llm_profile_mixes_whole_prompts_with_decodes():
     step = resolve("llama-3.1-8b", "h100-sxm", engine="tensorrt-llm")
     engine = engine_config(step=step)
-    assert (engine.chunked_prefill, engine.prefill_first) == (False, False)
+    assert (engine.chunked_prefill, engine.prefills_alone) == (False, False)
     generic = engine_config("continuous", chunked_prefill=False, step=step)
-    assert (generic.chunked_prefill, generic.prefill_first) == (False, True)
+    assert (generic.chunked_prefill, generic.prefills_alone) == (False, True)
+
+
+def test_sglang_prefills_chunks_while_its_decodes_pause_and_vllm_mixes_them():
+    # SGLang's scheduler runs a prefill batch first and mixes no chunk into the decode batch (enable_mixed_chunk is
+    # off by default); vLLM V1 schedules running requests and waiting ones in one token budget
+    sglang = engine_config(step=resolve("llama-3.1-8b", "h100-sxm", engine="sglang"))
+    vllm = engine_config(step=resolve("llama-3.1-8b", "h100-sxm", engine="vllm"))
+    assert (sglang.chunked_prefill, sglang.prefills_alone) == (True, True)
+    assert (vllm.chunked_prefill, vllm.prefills_alone) == (True, False)
+    assert engine_config("continuous", step=STEP).prefills_alone is False  # the generic chunking scheduler mixes
+
+
+def test_chunked_prefill_first_pauses_decodes_between_a_prompts_chunks(monkeypatch):
+    seen = _spy_steps(monkeypatch)
+    engine = EngineConfig(max_seqs=4, max_batched_tokens=256, chunked_prefill=True, prefill_first=True)
+    raw = _run([100, 1000], [40, 5], engine, arrivals=[0.0, 0.02])
+    _audit(raw, seen)
+    for tokens, prefill in zip(raw.step_tokens, raw.step_prefill):
+        assert prefill == 0 or tokens == prefill  # a step prefills or decodes, never both
+    assert max(raw.step_prefill) == 256 and raw.step_prefill.count(256) == 3  # 1000 tokens: 256 x 3 + 232
+    chunks = [s for s, p in enumerate(raw.step_prefill) if p and s > raw.first_step[0]]
+    emitted = raw.emitted(0)
+    assert not set(chunks) & set(emitted)  # the first request does not decode while the second one's chunks run
+    assert emitted[0] < chunks[0] and chunks[-1] < emitted[-1]
+    mixed = _run([100, 1000], [40, 5], EngineConfig(max_seqs=4, max_batched_tokens=256, chunked_prefill=True),
+                 arrivals=[0.0, 0.02])
+    assert any(0 < p < t for t, p in zip(mixed.step_tokens, mixed.step_prefill))  # the default mixes them
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), lengths=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=5),
+       max_seqs=st.integers(1, 8), block=st.sampled_from([1, 4, 16]), budget=st.integers(8, 400))
+def test_chunked_prefill_first_runs_complete_every_request_under_kv_pressure(data, lengths, max_seqs, block, budget):
+    # the regression: a chunk waiting for KV blocks held the decodes that would free them ('stalled')
+    prompts = [p for p, _ in lengths]
+    outputs = [o for _, o in lengths]
+    needed = -(-(max(p + o for p, o in lengths) - 1) // block) * block
+    kv = data.draw(st.integers(needed, needed * 4), label="kv")
+    engine = EngineConfig(max_seqs=max_seqs, max_batched_tokens=max(budget, max_seqs), chunked_prefill=True,
+                          prefill_first=True, block_size=block, kv_capacity_tokens=kv)
+    load = dict(concurrency=data.draw(st.integers(1, 10), label="concurrency"), requests=data.draw(st.integers(1, 30), label="requests"))
+    with pytest.MonkeyPatch.context() as patch:
+        seen = _spy_steps(patch)
+        raw = run(STEP.cost, STEP.machine, engine, prompts, outputs, **load)
+    assert raw.n == load["requests"]
+    for tokens, prefill in zip(raw.step_tokens, raw.step_prefill):
+        assert prefill == 0 or tokens == prefill
+    _audit(raw, seen)
 
 
 def test_a_queue_forms_beyond_max_seqs():

@@ -20,7 +20,7 @@ from speedlimit.errors import SpeedlimitError
 
 def _prefill_label(engine: dict) -> str:
     if engine.get("chunked_prefill"):
-        return "chunked prefill"
+        return "chunked prefill, decodes pause" if engine.get("prefill_first") else "chunked prefill"
     return "whole prefill" if engine.get("prefill_first", True) else "whole prefill mixed with decodes"
 
 

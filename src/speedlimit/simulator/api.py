@@ -157,7 +157,7 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
     if mode == "serial" and max_seqs not in (None, 1):
         raise SpeedlimitError("the serial scheduler runs one request at a time: drop --max-seqs or use --scheduler continuous")
     block_size = _whole("block-size", block_size, 1, 65_536)
-    prefill_first = True  # the generic scheduler without chunked prefill is vLLM V0's prefill-first
+    prefill_first = None  # the generic scheduler: prefill-first without chunked prefill (vLLM V0), mixed with it (V1)
     if kv_tokens is not None:
         capacity = float(_whole("kv-tokens", kv_tokens, 1, 10**12))
     elif step is not None:
@@ -666,7 +666,7 @@ def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> 
     return {
         "model": step.arch.name, "hardware": step.device.name, "weights": step.weights_name, "kv": step.kv_name,
         "tp": step.tp, "engine": step.engine.key if step.engine is not None else None, "mode": engine.mode, "max_seqs": engine.slots, "max_batched_tokens": engine.max_batched_tokens,
-        "chunked_prefill": engine.chunked_prefill, "prefill_first": engine.prefill_first,
+        "chunked_prefill": engine.chunked_prefill, "prefill_first": engine.prefills_alone,
         "prefix_caching": engine.prefix_caching,
         "block_size": engine.block_size,
         "kv_capacity_tokens": engine.kv_capacity_tokens if math.isfinite(engine.kv_capacity_tokens) else None,

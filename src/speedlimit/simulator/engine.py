@@ -10,8 +10,10 @@ The engine (vLLM-v1-like, and llama.cpp's server with ``--parallel N``):
 - a cap on running sequences (``max_seqs``) and a per-step token budget (``max_batched_tokens``): decodes first,
   then the prefill chunks of running sequences, then new sequences from the queue while budget, slots and KV blocks
   last. With ``chunked_prefill`` a prompt may be split over steps; without it a prompt is computed whole in one
-  step: with ``prefill_first`` (vLLM V0) a step either prefills whole prompts (decodes pause) or decodes, without it
-  (TensorRT-LLM's in-flight batching) whole prompts join the decodes' step while the token budget lasts;
+  step. With ``prefill_first`` a step either prefills (decodes pause) or decodes: whole prompts without chunked
+  prefill (vLLM V0), chunks within the budget with it (SGLang, whose in-progress chunked prompt goes first); without
+  it the prefills join the decodes' step while the token budget lasts (whole prompts: TensorRT-LLM's in-flight
+  batching; chunks: vLLM V1);
 - a paged KV cache (``block_size``-token blocks, ``kv_capacity_tokens`` in all): a sequence holds ceil(cached/block)
   blocks; when a running sequence needs a block and none is free, the most recently admitted sequence is preempted
   (its blocks freed, it goes back to the head of the queue and later recomputes its prompt plus the tokens it had
@@ -73,10 +75,17 @@ class EngineConfig:
     max_seqs: int = 256
     max_batched_tokens: int = 8192
     chunked_prefill: bool = True
-    prefill_first: bool = True  # without chunked prefill: decodes pause while whole prompts prefill
+    # a step either prefills (decodes pause) or decodes: vLLM V0 without chunked prefill (whole prompts), SGLang with
+    # it (chunks within the budget); None: true without chunked prefill, false with it (mixed steps, vLLM V1)
+    prefill_first: bool | None = None
     block_size: int = 16
     kv_capacity_tokens: float = math.inf
     prefix_caching: bool = False
+
+    @property
+    def prefills_alone(self) -> bool:
+        """Whether a step that prefills runs no decodes (`prefill_first`, or its default for the chunking)."""
+        return self.prefill_first if self.prefill_first is not None else not self.chunked_prefill
 
     @property
     def slots(self) -> int:
@@ -180,7 +189,7 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     slots = engine.slots
     budget_max = engine.max_batched_tokens
     chunked = engine.chunked_prefill
-    prefill_first = engine.prefill_first
+    prefill_first = engine.prefills_alone
     window = float(cost.window)
     windowed = math.isfinite(window)
     pool = len(prompts)
@@ -508,12 +517,17 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         completed_before = completed
         # --- decodes: every decoder, one token; blocks for those crossing a block boundary ------------------
         prefill_only = False
-        if not chunked and prefill_first and waiting and len(running) < slots:
+        if prefill_first and chunked and prefilling:
+            # a prompt's next chunk runs before the decodes (SGLang's chunked request), if a block is free for it
+            # (else the decodes run and free some, as SGLang's prefill adder forms no batch without room)
+            done = R_done[next(iter(prefilling))]
+            prefill_only = free_blocks >= _blocks(done + 1, block) - _blocks(done, block)
+        elif prefill_first and waiting and len(running) < slots:
             head = waiting[0]
-            need = _blocks(R_target[head], block)
-            if caching:
-                h = hit_blocks(head)
-                need += unheld(head, h) - h if h else 0
+            h = hit_blocks(head) if caching else 0
+            start = h * block
+            first = R_target[head] - start if not chunked else min(R_target[head] - start, budget_max)
+            need = _blocks(start + first, block) - h + (unheld(head, h) if h else 0)
             prefill_only = free_blocks >= need  # prefill-first: decodes wait while a prompt can start
         n_dec = 0
         d = len(decode_steps)  # the decode clock: this step is decode step d if the decoders decode in it
@@ -537,7 +551,7 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         pf_pairs = 0.0
         pf_pairs_local = 0.0
         chunks: list[tuple[int, int]] = []
-        if chunked or prefill_only or not prefill_first:
+        if prefill_only or not prefill_first:
             for rid in list(prefilling):
                 if budget <= 0:
                     break
