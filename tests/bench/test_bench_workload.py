@@ -122,3 +122,17 @@ def test_a_seed_numpy_cannot_take_is_one_error_before_any_request(seed):
     with pytest.raises(SpeedlimitError, match="--seed must be a whole number between 0 and"):
         WorkloadPlan(seed=seed)
     assert WorkloadPlan(seed=0).seed == 0
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, True, 1.5, "7"])
+def test_bench_and_simulate_refuse_the_same_seeds_with_the_same_line(seed):
+    # one check (bench.workload.checked_seed) for both legs, so simulate draws exactly what bench would have accepted
+    from speedlimit.bench.runner import WorkloadPlan
+    from speedlimit.simulator.api import build_workload
+
+    with pytest.raises(SpeedlimitError) as from_bench:
+        WorkloadPlan(seed=seed)
+    with pytest.raises(SpeedlimitError) as from_simulate:
+        build_workload(seed=seed)
+    assert str(from_bench.value) == str(from_simulate.value)
+    assert str(from_bench.value).startswith("--seed must be a whole number between 0 and 9,223,372,036,854,775,807")

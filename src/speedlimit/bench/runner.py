@@ -32,8 +32,8 @@ from speedlimit.bench.metrics import find_knee, run_warnings, summarize
 from speedlimit.bench.selfcheck import LoopLagMonitor, check_warnings, cpu_seconds, prefix_cache_warning, self_checks
 from speedlimit.bench.server_metrics import DEFAULT_INTERVAL_S, MetricsScraper
 from speedlimit.bench.tokenizer import LocalTokenizer, ServerTokenizer, load_local_tokenizer, probe_tokenizer
-from speedlimit.bench.workload import (LengthSpec, RequestSpec, arrival_offsets_s, build_requests, load_dataset,
-                                      level_seed, load_trace, trace_offsets_s)
+from speedlimit.bench.workload import (LengthSpec, RequestSpec, arrival_offsets_s, build_requests, checked_seed,
+                                      load_dataset, level_seed, load_trace, trace_offsets_s)
 from speedlimit.errors import SpeedlimitError, pydantic_message
 
 #: Prompt pool size for --duration runs, where the request count is not known in advance (prompts then cycle).
@@ -142,8 +142,7 @@ class WorkloadPlan:
             raise SpeedlimitError(f"--output-tokens must be between 1 and {MAX_TOKENS:,}")
         if not 0 <= self.prefix_tokens <= MAX_TOKENS:
             raise SpeedlimitError(f"--prefix-tokens must be between 0 and {MAX_TOKENS:,}")
-        if not 0 <= self.seed <= 2**63 - 1:  # numpy's seed sequences take non-negative integers only
-            raise SpeedlimitError(f"--seed must be a whole number between 0 and {2**63 - 1:,}, got {self.seed}")
+        self.seed = checked_seed(self.seed)
         if not 1 <= self.prefix_groups <= MAX_PROMPT_POOL:
             raise SpeedlimitError(f"--prefix-groups must be between 1 and {MAX_PROMPT_POOL:,}")
         if self.prefix_groups > 1 and not self.prefix_tokens:

@@ -92,6 +92,18 @@ class RequestSpec:
 LEVEL_SEED_STEP = 1_000
 
 
+#: Largest --seed: numpy's seed sequences take non-negative integers, and 2**63 - 1 stays exact in every JSON reader
+#: that parses to int64.
+MAX_SEED = 2**63 - 1
+
+
+def checked_seed(seed: Any) -> int:
+    """``seed`` as an int, or one error line saying what --seed takes (bench and simulate both check here)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise SpeedlimitError(f"--seed must be a whole number between 0 and {MAX_SEED:,}, got {seed!r}")
+    return int(seed)
+
+
 def level_seed(seed: int, level: int) -> int:
     """The seed of sweep level ``level``'s prompts and lengths (level 0: the run's own seed)."""
     return seed + level * LEVEL_SEED_STEP

@@ -26,8 +26,8 @@ import numpy as np
 
 from speedlimit.artifacts import LoadInfo, RequestRecord, RunSummary, SweepInfo, SweepSummary
 from speedlimit.bench.metrics import find_knee, parse_slo, summarize
-from speedlimit.bench.workload import (LengthSpec, _dataset_order, arrival_offsets_s, level_seed, load_dataset,
-                                      parse_length_spec)
+from speedlimit.bench.workload import (LengthSpec, _dataset_order, arrival_offsets_s, checked_seed, level_seed,
+                                      load_dataset, parse_length_spec)
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.engine_profile import EngineProfile
@@ -291,7 +291,7 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
         requests = _whole("requests", requests, 1, MAX_REQUESTS)
     if duration_s is not None and (not math.isfinite(duration_s) or not 0 < duration_s <= 1e7):
         raise SpeedlimitError(f"--duration must be between 0 and 1e7 seconds, got {duration_s!r}")
-    seed = _whole("seed", seed, 0, 2**63 - 1)
+    seed = checked_seed(seed)
     plan = LoadPlan(concurrency=concurrency, rate=rate, burstiness=burstiness, requests=requests,
                     duration_s=duration_s)
     if plan.rate is not None and plan.duration_s is not None and math.isinf(plan.rate):
