@@ -294,6 +294,22 @@ def test_the_kernel_fit_differences_the_in_cache_runs_and_takes_all_threads_for_
     assert score.kernel_rates_from(path) == {"q4_0": [2.0, 12.3]}
 
 
+def test_a_decode_rate_is_never_below_the_same_kernel_from_dram(score, tmp_path) -> None:
+    # fold C amendment 2: the 8B matrices' one-thread decode does the kernel's work plus memory stalls, so its rate
+    # bounds the kernel's from below; a difference of the in-cache timings under it gives way to it
+    path = tmp_path / "k.csv"
+    rows = ("type,model,test,threads,tok_s,macs_per_token,clock_hz,macs_per_cycle_per_thread\n"
+            "q8_0,in-cache-narrow,tg512,1,1000,1000000,1e9,1.0\n"
+            "q8_0,in-cache-wide,tg512,1,333.3333333,5000000,1e9,1.67\n"   # differenced: 2.0
+            "q8_0,8b-matrices,pp512,2,100,1000,1e9,12.3456\n"
+            "q8_0,8b-matrices,tg32,1,5,600000000,1e9,{dram}\n"
+            "q8_0,8b-matrices,tg32,2,5,600000000,1e9,9.0\n")        # two threads: not the bound
+    path.write_text(rows.format(dram=3.0))
+    assert score.kernel_rates_from(path) == {"q8_0": [3.0, 12.3]}
+    path.write_text(rows.format(dram=1.5))
+    assert score.kernel_rates_from(path) == {"q8_0": [2.0, 12.3]}
+
+
 # --------------------------------------------------------------------------------------------
 # fold D: per-version step costs of serving engines (engine_steps.csv)
 
