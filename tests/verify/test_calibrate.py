@@ -16,7 +16,7 @@ from speedlimit.verify.fit import (
     predicted_step_seconds,
 )
 from speedlimit.catalog.profiles import load_profile_hardware
-from speedlimit.catalog import default_efficiency, resolve_hardware
+from speedlimit.catalog import default_efficiency, efficiency_defaults, resolve_hardware
 from speedlimit.hardware import Efficiency
 
 BANDWIDTH = 20e9
@@ -176,7 +176,8 @@ def test_calibrate_table_shows_before_and_after(cli, tmp_path: Path) -> None:
     assert "mean |error| all" in done.stdout and "profile saved to" in done.stdout
     assert "local.toml" in done.stdout.replace("\n", "")
     bw_row = next(line for line in done.stdout.splitlines() if "bw_efficiency" in line)
-    assert "0.600" in bw_row and "0.450" in bw_row  # default, fitted
+    cpu_default = efficiency_defaults()["cpu"]["bw_efficiency"]  # the kind's cited default: the "before" column
+    assert f"{cpu_default:.3f}" in bw_row and "0.450" in bw_row  # default, fitted
 
 
 def test_disturbed_point_is_left_out() -> None:
