@@ -28,8 +28,11 @@ GROUPS_MESSAGE = "attention, dense, experts, embeddings, lm_head, default"
 
 def test_block_formats_follow_their_specs():
     # OCP MX v1.0: FP4 elements + one 8-bit scale per 32; NVFP4: FP4 + one FP8 scale per 16
-    assert block_format_bits() == {"mxfp4": 4.25, "nvfp4": 4.5}
+    # group-wise int4: 16-bit scale + 16-bit zero per group (gpt-fast/torchao, MLX affine); MLC q4f16_1: fp16 scale per 32
+    assert block_format_bits() == {"mxfp4": 4.25, "nvfp4": 4.5, "int4_g32": 5.0, "int4_g64": 4.5, "int4_g128": 4.25,
+                                   "q4f16_1": 4.5}
     assert parse_precision("mxfp4").bits == 4.25 and parse_precision("NVFP4").bits == 4.5
+    assert parse_precision("int4-g32") == parse_precision("INT4_G32")  # spelled either way on the command line
     assert parse_precision("mxfp4").compute_dtype == "bf16"  # weight-only: dequantized to 16-bit, as int4/q4
 
 
