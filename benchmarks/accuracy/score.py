@@ -251,7 +251,9 @@ def row_model(row: Row) -> str | Architecture:
 # ExLlamaV2) have none and are scored in the "profiles" mode exactly as in the default mode. Ollama runs llama.cpp;
 # NVIDIA NIM's H100 FP8 profiles for Llama 3.3 70B run TensorRT-LLM.
 ENGINE_PROFILES = {"llama.cpp": "llama-cpp", "llama.cpp-vulkan": "llama-cpp-vulkan", "ollama": "llama-cpp",
-                   "sglang": "sglang", "vllm": "vllm", "nim": "tensorrt-llm", "tensorrt-llm": "tensorrt-llm"}
+                   "sglang": "sglang", "vllm": "vllm", "nim": "tensorrt-llm", "tensorrt-llm": "tensorrt-llm",
+                   # Rapid-MLX runs mlx-lm's model code (its pyproject.toml requires mlx-lm): MLX's kernels
+                   "mlx": "mlx", "rapid-mlx": "mlx"}
 
 
 # Engine versions the catalog has a profile of: (the profile a row's engine runs as on its device, what its notes
