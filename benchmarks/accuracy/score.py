@@ -421,7 +421,7 @@ def llm_analysis_tok_s(row: Row) -> tuple[float | None, str]:
         intra_node_min_message_latency=8e-6,
         peak_fp16_TFLOPS=device.peak_flops("fp16") / 1e12,
     )
-    bits = 8.0 * row.model_file_bytes / resolve_model(row.model).total_params if row.model_file_bytes else _nominal_bits(row.weights)
+    bits = 8.0 * row.model_file_bytes / resolve_model(row.model).total_params if row.model_file_bytes else _nominal_bits(row)
     weight_bits = min((4, 8, 16), key=lambda b: abs(b - bits))  # its dtype configs: w4 / w8 / w16
     dtype = DtypeConfig(name=f"w{weight_bits}a16e16", weight_bits=weight_bits, activation_bits=16, embedding_bits=16)
     logging.getLogger("__name__").setLevel(logging.ERROR)  # llm-analysis 0.2.2 logs under this literal name
@@ -448,10 +448,13 @@ def llm_analysis_prefill_tok_s(row: Row) -> tuple[float | None, str]:
 _LAST_LLM_ANALYSIS: dict[str, dict] = {}
 
 
-def _nominal_bits(weights: str) -> float:
-    from speedlimit.precision import parse_precision
+def _nominal_bits(row: Row) -> float:
+    """Bits per parameter of the row's weights; a per-group spelling averages its groups over the model's bytes."""
+    from speedlimit.precision import is_per_group, parse_precision
 
-    return parse_precision(weights).bits
+    if is_per_group(row.weights):
+        return 8.0 * estimate(row.model, row_hardware(row), weights=row.weights).weights_bytes / resolve_model(row.model).total_params
+    return parse_precision(row.weights).bits
 
 
 # ------------------------------------------------------------------------------------------------
