@@ -478,3 +478,23 @@ def test_fused_moe_efficiency_must_be_a_fraction() -> None:
     base["fp8_moe_gemm_efficiency"] = {"value": 1.5, "source": "https://example.org/x"}
     with pytest.raises(ValueError, match="fraction"):
         EngineProfile.model_validate(base)
+
+
+def test_mlx_prices_its_own_kernels_on_apple_silicon() -> None:
+    """[mlx]: MLX's per-kernel cost and kernel count replace llama.cpp Metal's; bandwidth stays the Apple kind's."""
+    from speedlimit.catalog import efficiency_defaults
+
+    mlx = catalog_engine("mlx")
+    assert resolve_engine("mlx-lm").key == resolve_engine("mlx_lm.server").key == "mlx"
+    mine = estimate("llama-3.1-8b", "apple-m4-max", weights="int4", prompt=16, output=256, engine="mlx")
+    metal = estimate("llama-3.1-8b", "apple-m4-max", weights="int4", prompt=16, output=256)
+    kernels = metal.kernels_per_step
+    assert mine.kernels_per_step == pytest.approx(kernels * mlx.kernel_fraction.value)
+    apple = efficiency_defaults()["apple"]["kernel_overhead_s"]
+    # the two steps read the same bytes at the same bandwidth: they differ by the kernel terms alone
+    assert metal.itl_s - mine.itl_s == pytest.approx(
+        kernels * (apple - mlx.kernel_fraction.value * mlx.kernel_overhead_s.value), rel=1e-9)
+    assert mine.decode_tok_s > metal.decode_tok_s
+    # MLX runs on Apple silicon (or a custom device), not on an NVIDIA GPU
+    with pytest.raises(SpeedlimitError, match="--engine mlx runs on apple, custom devices"):
+        estimate("llama-3.1-8b", "h100-sxm", engine="mlx")
