@@ -71,6 +71,7 @@ from speedlimit.architecture import Architecture, WeightBytes
 from speedlimit.engine_profile import EngineProfile, Sourced
 from speedlimit.estimator.api import estimate
 from speedlimit.hardware import Hardware
+from speedlimit.precision import is_per_group
 
 CSV_PATH = Path(__file__).with_name("measurements.csv")
 # Fold A: the one repository that supplies most rows; everything else is fold B.
@@ -229,7 +230,7 @@ def row_weights(row: Row) -> str | float | None:
     None for a CPU row with a file size, whose bytes and type travel in its model instead (`row_model`)."""
     if _file_on_cpu(row):
         return None
-    if row.model_file_bytes:
+    if row.model_file_bytes and not is_per_group(row.weights):  # per-group formats say where the file's bytes are
         return 8.0 * row.model_file_bytes / resolve_model(row.model).total_params
     return row.weights
 
@@ -450,7 +451,7 @@ _LAST_LLM_ANALYSIS: dict[str, dict] = {}
 
 def _nominal_bits(row: Row) -> float:
     """Bits per parameter of the row's weights; a per-group spelling averages its groups over the model's bytes."""
-    from speedlimit.precision import is_per_group, parse_precision
+    from speedlimit.precision import parse_precision
 
     if is_per_group(row.weights):
         return 8.0 * estimate(row.model, row_hardware(row), weights=row.weights).weights_bytes / resolve_model(row.model).total_params
