@@ -71,7 +71,7 @@ from speedlimit.architecture import Architecture, WeightBytes
 from speedlimit.engine_profile import EngineProfile, Sourced
 from speedlimit.estimator.api import estimate
 from speedlimit.hardware import Hardware
-from speedlimit.precision import is_per_group
+from speedlimit.precision import WeightFormats, parse_weights
 
 CSV_PATH = Path(__file__).with_name("measurements.csv")
 # Fold A: the one repository that supplies most rows; everything else is fold B.
@@ -225,12 +225,17 @@ def _file_on_cpu(row: Row) -> bool:
     return bool(row.model_file_bytes) and row_hardware(row).kind == "cpu"
 
 
+def _per_group(row: Row) -> bool:
+    """Whether the row's weights name per-group formats (a group=format spelling, or a file type such as mxfp4_moe)."""
+    return isinstance(parse_weights(row.weights), WeightFormats)
+
+
 def row_weights(row: Row) -> str | float | None:
     """The weight format as a user would pass it, or the real bits per parameter when the row gives the file size;
     None for a CPU row with a file size, whose bytes and type travel in its model instead (`row_model`)."""
     if _file_on_cpu(row):
         return None
-    if row.model_file_bytes and not is_per_group(row.weights):  # per-group formats say where the file's bytes are
+    if row.model_file_bytes and not _per_group(row):  # per-group formats say where the file's bytes are
         return 8.0 * row.model_file_bytes / resolve_model(row.model).total_params
     return row.weights
 
@@ -453,7 +458,7 @@ def _nominal_bits(row: Row) -> float:
     """Bits per parameter of the row's weights; a per-group spelling averages its groups over the model's bytes."""
     from speedlimit.precision import parse_precision
 
-    if is_per_group(row.weights):
+    if _per_group(row):
         return 8.0 * estimate(row.model, row_hardware(row), weights=row.weights).weights_bytes / resolve_model(row.model).total_params
     return parse_precision(row.weights).bits
 

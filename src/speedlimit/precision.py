@@ -208,7 +208,11 @@ def parse_weights(text: str | float | int) -> Precision | WeightFormats:
     not named; bf16 without it). Raises `SpeedlimitError` naming the valid groups for a wrong spelling.
     """
     if not is_per_group(text):
-        return parse_precision(text, what="weights")
+        from speedlimit.catalog import gguf_per_group_file_types  # data file, loaded once
+
+        # a GGUF file type that keeps tensor groups at different types (mxfp4_moe) is its per-group spelling
+        spelled = gguf_per_group_file_types().get(str(text).strip().lower().replace("-", "_"))
+        return _parse_groups(spelled) if spelled else parse_precision(text, what="weights")
     return _parse_groups(str(text))
 
 

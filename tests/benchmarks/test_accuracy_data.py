@@ -14,7 +14,7 @@ import pytest
 
 from speedlimit.catalog import resolve_hardware, resolve_model
 from speedlimit.estimator import estimate
-from speedlimit.precision import is_per_group, parse_precision, parse_weights
+from speedlimit.precision import WeightFormats, parse_precision, parse_weights
 
 ACCURACY_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"
 CSV_PATH = ACCURACY_DIR / "measurements.csv"
@@ -26,7 +26,7 @@ COLUMNS = [
 # The measured figure(s) each quantity must carry; a serving row needs at least one of its three.
 FIGURES = {"decode": ("decode_tok_s",), "prefill": ("prefill_tok_s",), "serving": ("throughput_tok_s", "ttft_ms", "tpot_ms")}
 XIONGJIEDAI = "github.com/XiongjieDai/GPU-Benchmarks-on-LLM-Inference"
-LLAMA_CPP_MXFP4_MOE = "experts=mxfp4,default=q8_0"  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE, as llama-quant.cpp writes it
+LLAMA_CPP_MXFP4_MOE = "mxfp4_moe"  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE: experts MXFP4, other tensors Q8_0 (llama-quant.cpp)
 
 
 def _records() -> list[dict[str, str]]:
@@ -67,9 +67,9 @@ def test_every_row_is_well_formed(record):
     # type (llama-quant.cpp: experts MXFP4, other tensors Q8_0), or notes that name each group ("MXFP4 experts,
     # 8-bit other weights"); and every row quoting that file type carries them
     assert ("MXFP4 MoE" in record["notes"]) == (record["weights"] == LLAMA_CPP_MXFP4_MOE)
-    if is_per_group(record["weights"]):
+    if isinstance(weights, WeightFormats):
         named = [part.split("=")[0] for part in record["weights"].split(",") if not part.startswith("default=")]
-        assert named and (record["weights"] == LLAMA_CPP_MXFP4_MOE or all(group in record["notes"] for group in named))
+        assert record["weights"] == LLAMA_CPP_MXFP4_MOE or (named and all(group in record["notes"] for group in named))
         assert all(fmt.bits > 0 for fmt in weights.formats)
     else:
         assert weights.bits > 0
@@ -103,7 +103,7 @@ def test_every_row_is_well_formed(record):
         assert 2.0 < bits < 17.0  # a real file's bits per parameter is within the range of the formats used
         # and near its weight type's own bits (embeddings and mixes move it by a few percent; the ik_llama.cpp
         # README's Mixtral sizes, at twice their type's bits, were the reason for this check: SOURCES.md erratum)
-        if is_per_group(record["weights"]):
+        if isinstance(weights, WeightFormats):
             # per-group formats put the file's bytes where they are: their total is the file's size
             priced = estimate(record["model"], record["device"], weights=record["weights"]).weights_bytes
             assert priced == pytest.approx(int(record["model_file_bytes"]), rel=0.02)

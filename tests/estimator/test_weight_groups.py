@@ -191,3 +191,18 @@ def test_cli_simulate_takes_the_spelling():
                   "--concurrency", "2", "--requests", "4")
     lines = [line for line in bad.stderr.splitlines() if line.strip()]
     assert bad.returncode == 2 and len(lines) == 1 and "given twice" in lines[0], bad.stderr
+
+
+def test_a_gguf_file_type_that_keeps_groups_apart_is_its_per_group_spelling():
+    """llama.cpp's MXFP4_MOE file type (llama-bench's 'MXFP4 MoE'): experts MXFP4, every other tensor Q8_0."""
+    spelled = parse_weights("experts=mxfp4,default=q8_0")
+    for name in ("mxfp4_moe", "MXFP4-MoE", " mxfp4_moe "):
+        assert parse_weights(name) == spelled
+    mine = estimate("gpt-oss-20b", "rtx-4090", weights="mxfp4_moe")
+    assert mine.to_dict() == estimate("gpt-oss-20b", "rtx-4090", weights="experts=mxfp4,default=q8_0").to_dict()
+    # Q8_0 (8.5 bits) outside the experts: more bytes per token than pricing every tensor at MXFP4 (4.25 bits)
+    assert mine.bytes_per_token > estimate("gpt-oss-20b", "rtx-4090", weights="mxfp4").bytes_per_token
+    ok = runner.invoke(app, ["estimate", "-m", "gpt-oss-20b", "-H", "rtx-4090", "--weights", "mxfp4_moe", "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.output)["weights"] == "experts=mxfp4,default=q8_0"
+    with pytest.raises(SpeedlimitError, match="unknown weights format"):
+        parse_weights("mxfp4_moo")

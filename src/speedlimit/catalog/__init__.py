@@ -215,6 +215,12 @@ def gguf_file_type_bits() -> dict[str, float]:
 
 
 @cache
+def gguf_per_group_file_types() -> dict[str, str]:
+    """GGUF file types that keep tensor groups at different types (mxfp4_moe), as their per-group weights spelling."""
+    return {name: row["weights"] for name, row in _load_toml("gguf_file_types.toml").get("per_group", {}).items()}
+
+
+@cache
 def block_format_bits() -> dict[str, float]:
     """Bits per weight of block-scaled formats (mxfp4, nvfp4): element bits + one shared scale per block."""
     table = _load_toml("block_formats.toml")
