@@ -72,6 +72,9 @@ class Architecture:
     weight_bytes: WeightBytes | None = field(default=None, compare=False)
     attention_params: float = 0.0  # the attention projections (and their biases) within dense_params (0: not split)
     n_moe_layers: int = 0  # layers with routed experts (0 in an MoE model: not known, taken as every layer)
+    # the --weights spelling the checkpoint ships in, from its config's quantization_config ("" : not quantized or not
+    # known, so bf16): what the estimate prices when no --weights is given and no file gives exact bytes
+    shipped_weights: str = ""
 
     @property
     def tied_embeddings(self) -> bool:
@@ -427,7 +430,31 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         source=source,
         attention_params=float(n_layers * attn_params),
         n_moe_layers=n_moe,
+        shipped_weights=shipped_weights(config, is_moe=n_experts > 0),
     ))
+
+
+# quantization_config.quant_method values whose checkpoints store every quantized matrix as plain fp8 (block or
+# channel scales add a few bits per thousand weights): DeepSeek-V3/R1's block-scaled e4m3, FBGEMM's per-channel fp8
+_FP8_QUANT_METHODS = frozenset({"fp8", "fbgemm_fp8"})
+
+
+def shipped_weights(config: dict[str, Any], *, is_moe: bool) -> str:
+    """The --weights spelling a Hugging Face checkpoint ships in, from its ``quantization_config`` ("": unquantized or a
+    method not modelled here, priced as bf16).
+
+    ``fp8`` / ``fbgemm_fp8`` -> fp8. ``mxfp4`` (gpt-oss) quantizes the routed experts and keeps the modules it lists in
+    ``modules_to_not_convert`` (attention, router, embeddings, head) in the 16-bit dtype: experts=mxfp4,default=bf16.
+    """
+    quant = config.get("quantization_config")
+    if not isinstance(quant, dict):
+        return ""
+    method = str(quant.get("quant_method", "")).lower()
+    if method in _FP8_QUANT_METHODS:
+        return "fp8"
+    if method == "mxfp4" and is_moe:
+        return "experts=mxfp4,default=bf16"
+    return ""
 
 
 def _moe_layer_indices(config: dict[str, Any], model_type: str, n_layers: int) -> list[int]:

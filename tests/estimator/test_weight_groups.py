@@ -206,3 +206,23 @@ def test_a_gguf_file_type_that_keeps_groups_apart_is_its_per_group_spelling():
     assert ok.exit_code == 0 and json.loads(ok.output)["weights"] == "experts=mxfp4,default=q8_0"
     with pytest.raises(SpeedlimitError, match="unknown weights format"):
         parse_weights("mxfp4_moo")
+
+
+def test_without_weights_a_checkpoint_is_priced_as_it_ships():
+    """The config's quantization_config names the shipped format: fp8 (DeepSeek), MXFP4 experts (gpt-oss); else bf16."""
+    from speedlimit.architecture import architecture_from_hf_config
+    from speedlimit.catalog import model_entries
+
+    r1 = estimate("deepseek-r1", "h200", tp=8)
+    assert r1.weights == "fp8" and r1.to_dict() == estimate("deepseek-r1", "h200", tp=8, weights="fp8").to_dict()
+    oss = estimate("gpt-oss-20b", "h100-sxm")
+    assert oss.weights == "experts=mxfp4,default=bf16"
+    assert oss.to_dict() == estimate("gpt-oss-20b", "h100-sxm", weights="experts=mxfp4,default=bf16").to_dict()
+    assert estimate("gpt-oss-20b", "h100-sxm", weights="bf16").weights_bytes > 3 * oss.weights_bytes
+    assert estimate("llama-3.1-8b", "h100-sxm").weights == "bf16"  # no quantization_config: bf16 as before
+    # a user's config.json is read the same way; a method the estimator does not model stays bf16
+    config = dict(model_entries()["deepseek-v3"]["config"])
+    assert architecture_from_hf_config(config).shipped_weights == "fp8"
+    for quant in ({"quant_method": "awq", "bits": 4}, "fp8", None):
+        assert architecture_from_hf_config({**config, "quantization_config": quant}).shipped_weights == ""
+    assert architecture_from_hf_config({k: v for k, v in config.items() if k != "quantization_config"}).shipped_weights == ""

@@ -368,6 +368,14 @@ def _weights_compute_dtype(weights: Precision | WeightFormats | None) -> str | N
     return weights.compute_dtype
 
 
+def shipped_format(arch: Architecture) -> Precision | WeightFormats | None:
+    """The format a checkpoint ships in (its config's quantization_config), where no file gives exact bytes; None:
+    the file's bytes, or bf16."""
+    if arch.weight_bytes is not None or not arch.shipped_weights:
+        return None
+    return parse_weights(arch.shipped_weights)
+
+
 def resolve(scenario: Scenario) -> StepModel:
     """Look up the model, hardware and engine a scenario names, check they go together, and build its cost model and machine."""
     arch = scenario.model if isinstance(scenario.model, Architecture) else resolve_model(scenario.model)
@@ -381,7 +389,7 @@ def resolve(scenario: Scenario) -> StepModel:
     _check_tensor_parallel(arch, scenario.tp)
     _check_pipeline_parallel(arch, scenario.pp)
     _check_expert_parallel(arch, scenario.ep)
-    weights = parse_weights(scenario.weights) if scenario.weights is not None else None
+    weights = parse_weights(scenario.weights) if scenario.weights is not None else shipped_format(arch)
     if isinstance(weights, WeightFormats):
         check_weight_groups(arch, weights)
         weights = weights.uniform or weights  # one format named per group is that format
