@@ -71,7 +71,7 @@ from speedlimit.architecture import Architecture, WeightBytes
 from speedlimit.engine_profile import EngineProfile, Sourced
 from speedlimit.estimator.api import estimate
 from speedlimit.hardware import Hardware
-from speedlimit.precision import WeightFormats, parse_weights
+from speedlimit.precision import WeightFormats, parse_precision, parse_weights
 
 CSV_PATH = Path(__file__).with_name("measurements.csv")
 # Fold A: the one repository that supplies most rows; everything else is fold B.
@@ -253,9 +253,9 @@ def row_model(row: Row) -> str | Architecture:
         file_type=row.weights))
 
 
-# The engine profile (catalog/engines.toml) each row's engine runs as; rows of other engines (gpt-fast, MLX, MLC,
-# ExLlamaV2) have none and are scored in the "profiles" mode exactly as in the default mode. Ollama runs llama.cpp;
-# NVIDIA NIM's H100 FP8 profiles for Llama 3.3 70B run TensorRT-LLM.
+# The engine profile (catalog/engines.toml) each row's engine runs as; rows of other engines (gpt-fast, MLC,
+# ExLlamaV2, LMDeploy) have none and are scored in the "profiles" mode exactly as in the default mode. Ollama runs
+# llama.cpp; NVIDIA NIM's H100 FP8 profiles for Llama 3.3 70B run TensorRT-LLM.
 ENGINE_PROFILES = {"llama.cpp": "llama-cpp", "llama.cpp-vulkan": "llama-cpp-vulkan", "ollama": "llama-cpp",
                    "sglang": "sglang", "vllm": "vllm", "nim": "tensorrt-llm", "tensorrt-llm": "tensorrt-llm",
                    # Rapid-MLX runs mlx-lm's model code (its pyproject.toml requires mlx-lm): MLX's kernels
@@ -456,8 +456,6 @@ _LAST_LLM_ANALYSIS: dict[str, dict] = {}
 
 def _nominal_bits(row: Row) -> float:
     """Bits per parameter of the row's weights; a per-group spelling averages its groups over the model's bytes."""
-    from speedlimit.precision import parse_precision
-
     if _per_group(row):
         return 8.0 * estimate(row.model, row_hardware(row), weights=row.weights).weights_bytes / resolve_model(row.model).total_params
     return parse_precision(row.weights).bits
