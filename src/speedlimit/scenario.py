@@ -76,12 +76,14 @@ class Scenario(BaseModel):
     weights: Annotated[str | float | None, Flag(("--weights",), text=True)] = Field(
         None, description="Weight format: bits (16, 8, 4) or fp16/bf16/fp8/int8/int4/nf4/mxfp4/nvfp4/q4_0/q8_0/q4_k_m…, "
                           "or one per tensor group: experts=mxfp4,attention=bf16,default=q4_k (groups: attention, dense, "
-                          "experts, embeddings, lm_head, default) (default: a .gguf file's exact bytes, else bf16).")
+                          "experts, embeddings, lm_head, default); mxfp4_moe is llama.cpp's MXFP4 MoE file type (default: "
+                          "a .gguf file's exact bytes, else the format the checkpoint ships in per its config's "
+                          "quantization_config, e.g. fp8 for DeepSeek-V3/R1, else bf16).")
     kv: Annotated[str | float | None, Flag(("--kv",), text=True)] = Field(
         None, description="KV-cache format: fp16, bf16, fp8, int8, int4, q8_0… (default: the engine's; llama.cpp: fp16).")
     engine: Annotated[str | InstanceOf[EngineProfile] | None, Flag(("--engine",), text=True)] = Field(
         None, description="Serving engine profile (catalog/engines.toml): llama.cpp (default; its backend from the "
-                          "device), llama.cpp-cpu/-cuda/-metal/-vulkan/-rocm, llama-cpp-python, vllm, sglang, tensorrt-llm.")
+                          "device), llama.cpp-cpu/-cuda/-metal/-vulkan/-rocm, llama-cpp-python, mlx, vllm, sglang, tensorrt-llm.")
     compute: Annotated[Literal[COMPUTE_DTYPES] | None, Flag(("--compute",), text=True)] = Field(  # type: ignore[valid-type]
         None, description="Compute dtype of the matmuls: " + ", ".join(COMPUTE_DTYPES) + " (default: from the weights).")
     batch: Annotated[int, Flag(("--batch", "-b"))] = Field(1, ge=1, le=MAX_BATCH, description="Concurrent sequences.")
