@@ -196,6 +196,16 @@ class WeightFormats:
         return ",".join([*parts, f"{DEFAULT_GROUP}={common}"])
 
 
+# --weights spellings that ask for the format the checkpoint ships in (its config's quantization_config), which only
+# the model knows: `estimator.api.shipped_format` resolves them, the same as leaving --weights out
+SHIPPED_WEIGHTS = frozenset({"shipped", "as_shipped"})
+
+
+def is_shipped(text: object) -> bool:
+    """Whether a --weights value asks for the checkpoint's shipped format (``shipped``) rather than naming one."""
+    return isinstance(text, str) and text.strip().lower().replace("-", "_").replace(" ", "_") in SHIPPED_WEIGHTS
+
+
 def is_per_group(text: object) -> bool:
     """Whether a --weights value is a per-group spelling (``group=format,...``) rather than one format."""
     return isinstance(text, str) and "=" in text

@@ -78,7 +78,7 @@ class Scenario(BaseModel):
                           "or one per tensor group: experts=mxfp4,attention=bf16,default=q4_k (groups: attention, dense, "
                           "experts, embeddings, lm_head, default); mxfp4_moe is llama.cpp's MXFP4 MoE file type (default: "
                           "a .gguf file's exact bytes, else the format the checkpoint ships in per its config's "
-                          "quantization_config, e.g. fp8 for DeepSeek-V3/R1, else bf16).")
+                          "quantization_config, e.g. fp8 for DeepSeek-V3/R1, else bf16; `shipped` asks for it by name).")
     kv: Annotated[str | float | None, Flag(("--kv",), text=True)] = Field(
         None, description="KV-cache format: fp16, bf16, fp8, int8, int4, q8_0… (default: the engine's; llama.cpp: fp16).")
     engine: Annotated[str | InstanceOf[EngineProfile] | None, Flag(("--engine",), text=True)] = Field(

@@ -226,3 +226,22 @@ def test_without_weights_a_checkpoint_is_priced_as_it_ships():
     for quant in ({"quant_method": "awq", "bits": 4}, "fp8", None):
         assert architecture_from_hf_config({**config, "quantization_config": quant}).shipped_weights == ""
     assert architecture_from_hf_config({k: v for k, v in config.items() if k != "quantization_config"}).shipped_weights == ""
+
+
+def test_shipped_names_the_checkpoints_own_format():
+    """``--weights shipped`` (CLI, API, sweep, the web menu) is the same as leaving --weights out, per model."""
+    from fastapi.testclient import TestClient
+
+    from speedlimit.estimator.sweep import sweep_grid
+    from speedlimit.web.app import create_app
+
+    for spelling in ("shipped", "as-shipped", " Shipped "):
+        assert estimate("deepseek-r1", "h200", tp=8, weights=spelling).to_dict() == estimate("deepseek-r1", "h200", tp=8).to_dict()
+    assert estimate("llama-3.1-8b", "h100-sxm", weights="shipped").weights == "bf16"
+    client = TestClient(create_app())
+    body = {"model": "gpt-oss-20b", "hardware": "h100-sxm"}
+    assert client.post("/api/estimate", json={**body, "weights": "shipped"}).json() == client.post("/api/estimate", json=body).json()
+    grid = sweep_grid(["deepseek-r1", "llama-3.1-8b"], ["h200"], ["shipped", "4"], [1], [512])
+    assert list(grid.columns["weights"]) == ["fp8", "int4", "bf16", "int4"]
+    ok = runner.invoke(app, ["sweep", "-m", "gpt-oss-20b", "-H", "h100-sxm", "--weights", "shipped,16"])
+    assert ok.exit_code == 0 and "experts=mxfp4" in ok.output, ok.output

@@ -136,6 +136,19 @@ def test_precision_slider_scales_memory_bound_speed(browser, server_url, tmp_pat
     page.close()
 
 
+def test_the_weight_menu_prices_a_checkpoint_as_it_ships(browser, server_url):
+    """'shipped' in the weight menu: DeepSeek-R1 at its fp8 (it does not fit 8 x H200 at the slider's 16 bits)."""
+    page = browser.new_page()
+    page.goto(f"{server_url}/?model=deepseek-r1&hardware=h200&weights=shipped&batch=1&prompt=512&output=500&tp=8")
+    _settle(page, 0)
+    assert page.locator("#weights-format").input_value() == "shipped"
+    expected = estimate("deepseek-r1", "h200", weights="shipped", tp=8, batch=1, prompt=512, output=500)
+    assert expected.weights == "fp8"
+    assert _shown_tok_s(page) == pytest.approx(expected.decode_tok_s, rel=1e-9)
+    assert page.locator("#error").is_hidden()
+    page.close()
+
+
 def test_shared_url_restores_state_and_bad_input_shows_error(browser, server_url):
     page = browser.new_page()
     page.goto(f"{server_url}/?model=qwen2.5-7b&hardware=rtx-4090&weights=q4_k_m&kv=fp8&batch=8&prompt=2000&output=500&tp=1")

@@ -20,7 +20,8 @@ from speedlimit.engine_profile import KERNEL_PREFILL_TOKENS, EngineProfile
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.hardware import Efficiency, Hardware, custom_hardware
-from speedlimit.precision import WEIGHT_GROUPS, Precision, WeightFormats, main_tensor_type, parse_precision, parse_weights
+from speedlimit.precision import (WEIGHT_GROUPS, Precision, WeightFormats, is_shipped, main_tensor_type, parse_precision,
+                                  parse_weights)
 from speedlimit.scenario import COMPUTE_DTYPES, MAX_BATCH, MAX_TOKENS, MAX_TP, Scenario, scenario_from
 
 __all__ = ["COMPUTE_DTYPES", "MAX_BATCH", "MAX_TOKENS", "MAX_TP", "BandwidthReach", "Estimate", "StepModel",
@@ -376,6 +377,16 @@ def shipped_format(arch: Architecture) -> Precision | WeightFormats | None:
     return parse_weights(arch.shipped_weights)
 
 
+def chosen_weights(arch: Architecture, given: str | float | None) -> Precision | WeightFormats | None:
+    """The weights a scenario prices: the format given, else (none given, or ``shipped``) the checkpoint's own."""
+    return shipped_format(arch) if given is None or is_shipped(given) else parse_weights(given)
+
+
+def weights_label(arch: Architecture, weights: Precision | WeightFormats | None) -> str:
+    """The name a result gives its weights: the format's, else a .gguf file's type, else bf16."""
+    return weights.name if weights else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
+
+
 def resolve(scenario: Scenario) -> StepModel:
     """Look up the model, hardware and engine a scenario names, check they go together, and build its cost model and machine."""
     arch = scenario.model if isinstance(scenario.model, Architecture) else resolve_model(scenario.model)
@@ -389,7 +400,7 @@ def resolve(scenario: Scenario) -> StepModel:
     _check_tensor_parallel(arch, scenario.tp)
     _check_pipeline_parallel(arch, scenario.pp)
     _check_expert_parallel(arch, scenario.ep)
-    weights = parse_weights(scenario.weights) if scenario.weights is not None else shipped_format(arch)
+    weights = chosen_weights(arch, scenario.weights)
     if isinstance(weights, WeightFormats):
         check_weight_groups(arch, weights)
         weights = weights.uniform or weights  # one format named per group is that format
@@ -401,7 +412,7 @@ def resolve(scenario: Scenario) -> StepModel:
     if replicas > 1:
         cost = cost._replace(kv_bytes_per_token_global=cost.kv_bytes_per_token_global * replicas,
                              kv_bytes_per_token_local=cost.kv_bytes_per_token_local * replicas)
-    weights_name = weights.name if weights else (arch.weight_bytes.file_type if arch.weight_bytes else "bf16")
+    weights_name = weights_label(arch, weights)
     compute_dtype, peak_flops = compute_rate(arch, device, weights, scenario.compute)
     if not scenario.ideal and scenario.compute is None:
         compute_dtype, peak_flops = engine_gemm_rate(engine, device, weights, compute_dtype, peak_flops)

@@ -18,9 +18,8 @@ from speedlimit.architecture import Architecture
 from speedlimit.catalog import resolve_hardware, resolve_model
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
-from speedlimit.estimator.api import resolve
+from speedlimit.estimator.api import chosen_weights, resolve, weights_label
 from speedlimit.hardware import Hardware
-from speedlimit.precision import parse_weights
 from speedlimit.scenario import MAX_BATCH, MAX_TOKENS, scenario_from
 
 # Configurations one vectorized evaluation may hold in memory (a few dozen float arrays of this length), and
@@ -217,11 +216,12 @@ def sweep_grid(
     full = {k: np.broadcast_to(v, shape).reshape(-1) for k, v in arrays.items()}
     mw, h, b, c = (axis.reshape(-1) for axis in np.indices(shape))
     model_names = np.array([a.name for a in archs])
-    weight_names = np.array([parse_weights(w).name for w in weights])
+    # per model: "shipped" names each model's own format
+    weight_names = np.array([weights_label(arch, chosen_weights(arch, w)) for arch in archs for w in weights])
     columns = {
         "model": model_names[mw // len(weights)],
         "hardware": np.array([d.key for d in devices])[h],
-        "weights": weight_names[mw % len(weights)],
+        "weights": weight_names[mw],
         "batch": np.asarray(batches, dtype=int)[b],
         "context": np.asarray(contexts, dtype=int)[c],
         **{k: full[k] for k in ("decode_tok_s", "itl_s", "ttft_s", "throughput_tok_s", "bytes_per_token", "memory_bytes", "fits")},
