@@ -156,8 +156,8 @@ WEIGHT_GROUP_SPELLINGS = st.lists(
               st.sampled_from(["mxfp4", "nvfp4", "bf16", "fp8", "q4_k", "4", "", "q9_9", "0"])),
     min_size=1, max_size=4).map(lambda pairs: ",".join(f"{g}={f}" for g, f in pairs))
 FORMATS = st.one_of(st.sampled_from(["16", "8", "4", "bf16", "fp8", "q4_k_m", "q8_0", "nf4", "mxfp4", "nvfp4", "0.001", "65",
-                                     "q9_9", ",", "true", "experts=mxfp4,default=bf16", "experts=mxfp4,experts=bf16",
-                                     "=", "experts=", "attention=fp8,,"]), WEIGHT_GROUP_SPELLINGS, TEXT)
+                                     "q9_9", ",", "true", "shipped", "as-shipped", "mxfp4_moe", "experts=mxfp4,default=bf16",
+                                     "experts=mxfp4,experts=bf16", "=", "experts=", "attention=fp8,,"]), WEIGHT_GROUP_SPELLINGS, TEXT)
 JSON_VALUES = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True), TEXT),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)),
