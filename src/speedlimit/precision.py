@@ -88,10 +88,15 @@ class Precision:
 _MAIN_TENSOR_TYPE = {"iq2_m": "iq2_s", "iq3_m": "iq3_s", "iq3_xs": "iq3_s", "fp16": "f16", "f16": "f16", "bf16": "bf16"}
 
 
+def _format_key(text: object) -> str:
+    """A format name as the tables key it: trimmed, lower case, dashes as underscores (``Q4-K-M`` -> ``q4_k_m``)."""
+    return str(text).strip().lower().replace("-", "_")
+
+
 def main_tensor_type(name: str) -> str | None:
     """The GGUF tensor type of most matrices in a weight format or GGUF file type (``q4_k_m`` -> ``q4_k``); None for
     a format that is not a GGUF tensor type (fp8, int4, mxfp4 named by bits, ...)."""
-    key = name.strip().lower().replace("-", "_")
+    key = _format_key(name)
     if key in _MAIN_TENSOR_TYPE:
         return _MAIN_TENSOR_TYPE[key]
     if key in gguf_type_bits():
@@ -113,7 +118,7 @@ def parse_precision(text: str | float | int, *, what: str = "weights") -> Precis
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return _from_bits(float(text), what)
-    key = str(text).strip().lower().replace("-", "_")
+    key = _format_key(text)
     if key.endswith("bit"):
         key = key[:-3].rstrip("_ ")
     try:
@@ -203,7 +208,7 @@ SHIPPED_WEIGHTS = frozenset({"shipped", "as_shipped"})
 
 def is_shipped(text: object) -> bool:
     """Whether a --weights value asks for the checkpoint's shipped format (``shipped``) rather than naming one."""
-    return isinstance(text, str) and text.strip().lower().replace("-", "_").replace(" ", "_") in SHIPPED_WEIGHTS
+    return isinstance(text, str) and _format_key(text).replace(" ", "_") in SHIPPED_WEIGHTS
 
 
 def is_per_group(text: object) -> bool:
@@ -221,7 +226,7 @@ def parse_weights(text: str | float | int) -> Precision | WeightFormats:
         from speedlimit.catalog import gguf_per_group_file_types  # data file, loaded once
 
         # a GGUF file type that keeps tensor groups at different types (mxfp4_moe) is its per-group spelling
-        spelled = gguf_per_group_file_types().get(str(text).strip().lower().replace("-", "_"))
+        spelled = gguf_per_group_file_types().get(_format_key(text))
         return _parse_groups(spelled) if spelled else parse_precision(text, what="weights")
     return _parse_groups(str(text))
 
