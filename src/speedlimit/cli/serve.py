@@ -1,17 +1,24 @@
 """`speedlimit serve`: run the web calculator with uvicorn (FastAPI is imported only when it runs).
 
 The listening socket is bound here, before uvicorn starts, so a busy port is a one-line error and ``--port 0``
-prints the port the system picked.
+prints the port the system picked. Ctrl-C (or SIGTERM) is ours, not uvicorn's: our handler is in place before the
+event loop starts and asks the server to stop, and the command then exits 130 with one line. uvicorn's own capture
+swaps handlers in and out inside the loop and re-raises the signal after shutdown, which left windows where a Ctrl-C
+ended the process by the signal itself or with a warning after the line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import signal
 import socket
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
 
+from speedlimit.cli import interrupt
 from speedlimit.errors import SpeedlimitError
 
 
@@ -51,7 +58,25 @@ def serve_command(
 
     shown = f"[{host}]" if ":" in host else host
     typer.echo(f"speedlimit calculator on http://{shown}:{sock.getsockname()[1]}/  (API docs at /docs; Ctrl-C stops it)")
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:  # the handlers installed below stay in place
+            yield
+
+    server = Server(uvicorn.Config(create_app(), log_level="warning"))
+    stops: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        stops.append(signum)
+        server.should_exit = True
+        server.force_exit = len(stops) > 1  # a second Ctrl-C does not wait for open connections
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        uvicorn.Server(uvicorn.Config(create_app(), log_level="warning")).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         sock.close()
+    if stops:
+        interrupt.interrupted()
