@@ -626,6 +626,22 @@ def kernel_rates_from(path: Path = KERNELS_CSV) -> dict[str, list[float]]:
     return rates
 
 
+# each measured llama.cpp version's fold-C thread sweep -> the engine profile that ships its prefill thread scaling
+THREAD_FILES = {"llama-cpp-cpu": Path(__file__).with_name("cpu_threads.csv"),
+                "llama-cpp-cpu-b3441": Path(__file__).with_name("cpu_threads_b3441.csv")}
+
+
+def thread_scaling_from(path: Path) -> list[list[float]]:
+    """Fold C's prefill thread scaling (SOURCES.md, "Fold C amendment 3"): at each thread count from 2 up, the median
+    over the types swept of pp512's MACs per cycle per thread there / at 2 threads, to 3 significant digits."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    rate = {(row["type"], int(row["threads"])): float(row["macs_per_cycle_per_thread"]) for row in rows}
+    kinds = list(dict.fromkeys(row["type"] for row in rows))
+    counts = sorted({n for _, n in rate if n >= 2})
+    return [[n, float(f"{float(np.median([rate[kind, n] / rate[kind, 2] for kind in kinds])):.3g}")] for n in counts]
+
+
 def print_cpu_kernel_fit() -> int:
     """Check that the catalog ships fold C's CPU kernel rates, for each llama.cpp version measured; 1 when not."""
     status = 0
@@ -646,6 +662,13 @@ def print_cpu_kernel_fit() -> int:
         if not wrong:
             print("  shipped = the fold-C fit for every type")
         status |= 1 if wrong else 0
+    for profile, path in THREAD_FILES.items():
+        fitted = thread_scaling_from(path)
+        shipped = (catalog_engine(profile).prefill_thread_scaling or Sourced(value=[], fitted="C")).value
+        same = fitted == shipped
+        print(f"  [{profile}] prefill_thread_scaling {shipped} {'=' if same else '!='} fold C {path.name} ({fitted})"
+              f"{'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
+        status |= 0 if same else 1
     return status
 
 

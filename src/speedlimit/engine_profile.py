@@ -99,6 +99,9 @@ class EngineProfile(BaseModel):
     # CPU matmul kernel rates per GGUF tensor type, multiply-accumulates per cycle per thread: [decode (one token),
     # prefill (KERNEL_PREFILL_TOKENS tokens)]; None: the device kind's FLOP/s efficiency
     kernel_rates: Sourced | None = None
+    # how the prefill kernel rate per thread holds up as threads are added, as [threads, fraction of the rate at the
+    # first point's count] points (the kernel rates' own count first); None: every thread at the measured rate
+    prefill_thread_scaling: Sourced | None = None
 
     @field_validator("mode")
     @classmethod
@@ -184,7 +187,39 @@ class EngineProfile(BaseModel):
                 raise ValueError(f"{name}: must be [decode, prefill] MACs per cycle per thread, each in (0, 1024]")
         return field
 
+    @field_validator("prefill_thread_scaling")
+    @classmethod
+    def _thread_scaling(cls, field: Sourced | None) -> Sourced | None:
+        if field is None:
+            return field
+        points = field.value
+        if not isinstance(points, list) or not points or any(
+                not isinstance(p, list) or len(p) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+                for p in points):
+            raise ValueError("must be a list of [threads, fraction] points")
+        threads = [p[0] for p in points]
+        if threads != sorted(threads) or len(set(threads)) != len(threads) or threads[0] < 1:
+            raise ValueError("points must have increasing thread counts >= 1")
+        if not all(0 < p[1] <= 2 for p in points):
+            raise ValueError("fractions must be in (0, 2]")
+        return field
+
     # ---- what the estimator and simulator read
+
+    def prefill_thread_efficiency(self, threads: float) -> float:
+        """The prefill kernel rate per thread at ``threads`` busy, as a fraction of the rate the kernel rates were
+        measured at: interpolated in log2(threads) between the measured points, flat outside them; 1 without any."""
+        points = _value(self.prefill_thread_scaling)
+        if not points:
+            return 1.0
+        if threads <= points[0][0]:
+            return float(points[0][1])
+        for (lo_n, lo_e), (hi_n, hi_e) in zip(points, points[1:]):
+            if threads <= hi_n:
+                share = math.log2(threads / lo_n) / math.log2(hi_n / lo_n)
+                return float(lo_e + (hi_e - lo_e) * share)
+        return float(points[-1][1])
+
 
     def kernel_rate(self, tensor_type: str | None) -> tuple[float, float] | None:
         """(decode, prefill) MACs per cycle per thread of the CPU kernels for ``tensor_type``; None: not measured."""

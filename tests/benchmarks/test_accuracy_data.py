@@ -327,6 +327,40 @@ def test_a_decode_rate_is_never_below_the_same_kernel_from_dram(score, tmp_path)
     assert score.kernel_rates_from(path) == {"q8_0": [2.0, 12.3]}
 
 
+# fold C amendment 3: llama.cpp's prefill at 2-16 threads (cpu_threads*.csv, benchmarks/cpu_thread_scaling.py)
+
+THREAD_FILES = {"cpu_threads.csv": "0c1e570", "cpu_threads_b3441.csv": "081fe43"}
+
+
+@pytest.mark.parametrize("name", THREAD_FILES)
+def test_each_thread_sweep_is_its_runs_arithmetic_on_its_builds_llama_cpp(name: str) -> None:
+    records = _kernel_records(name)
+    assert {r["llama_cpp"].split()[0] for r in records} == {THREAD_FILES[name]}
+    assert {(r["model"], r["test"]) for r in records} == {("8b-matrices", "pp512")}
+    for kind in {r["type"] for r in records}:
+        counts = {int(r["threads"]) for r in records if r["type"] == kind}
+        assert {2, 4, 8, 16} <= counts, kind  # SOURCES.md: 2, 4, 8 and 16 threads for every type
+    for r in records:
+        rate = float(r["tok_s"]) * int(r["macs_per_token"]) / (int(r["threads"]) * float(r["clock_hz"]))
+        assert float(r["macs_per_cycle_per_thread"]) == pytest.approx(rate, rel=1e-3), r
+        assert 1e9 < float(r["clock_hz"]) < 7e9 and int(r["cores"]) == 16, r  # the register-add clock, 16 cores
+
+
+def test_each_thread_sweep_ships_as_its_profile(score) -> None:
+    assert {path.name for path in score.THREAD_FILES.values()} == set(THREAD_FILES)
+    for profile, path in score.THREAD_FILES.items():
+        assert score.thread_scaling_from(path) == score.catalog_engine(profile).prefill_thread_scaling.value, profile
+
+
+def test_the_thread_fit_is_the_median_over_types_of_each_counts_rate_over_two_threads(score, tmp_path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("type,threads,macs_per_cycle_per_thread\n"
+                    "q4_0,1,20\nq4_0,2,10\nq4_0,16,7\n"
+                    "q8_0,2,10\nq8_0,16,5\n"
+                    "f16,2,20\nf16,16,18\n")
+    assert score.thread_scaling_from(path) == [[2, 1.0], [16, 0.7]]  # median of 0.7, 0.5, 0.9; 1 thread not taken
+
+
 # --------------------------------------------------------------------------------------------
 # fold D: per-version step costs of serving engines (engine_steps.csv)
 

@@ -101,13 +101,41 @@ def test_every_core_makes_the_memory_bind_again() -> None:
     assert full.decode_tok_s == pytest.approx(without.decode_tok_s, rel=0.01)  # bandwidth-bound either way
 
 
-def test_prefill_runs_at_the_prefill_kernels_rate() -> None:
+def test_prefill_runs_at_the_prefill_kernels_rate_scaled_to_its_threads() -> None:
     result = estimate("llama-3.1-8b", CPU, weights="q8_0", prompt=KERNEL_PREFILL_TOKENS, output=1)
     step = step_model("llama-3.1-8b", CPU, weights="q8_0")
     _, prefill = PROFILE.kernel_rate("q8_0")
-    rate = 2.0 * prefill * 16 * catalog_hardware(CPU).core_clock_hz(16)
+    scaling = PROFILE.prefill_thread_efficiency(16)
+    assert 0 < scaling < 1  # measured: 16 threads reach less per thread than the 2 the rates were measured at
+    rate = 2.0 * prefill * scaling * 16 * catalog_hardware(CPU).core_clock_hz(16)
     matmul_s = (step.cost.matmul_flops_per_token - step.cost.head_flops_per_sequence) * KERNEL_PREFILL_TOKENS / rate
     assert matmul_s < result.ttft_s < 1.15 * matmul_s  # plus attention and the head
+    assert "prefill_thread_scaling" in result.efficiency_basis
+
+
+def test_prefill_thread_scaling_is_fitted_on_fold_c_and_interpolates_in_log_threads() -> None:
+    for name in ("llama-cpp-cpu", "llama-cpp-cpu-b3441"):
+        curve = catalog_engine(name).prefill_thread_scaling
+        assert curve is not None and curve.fitted == "C" and curve.value[0] == [2, 1.0]
+    profile = PROFILE.model_validate(PROFILE.model_dump() | {
+        "prefill_thread_scaling": {"value": [[2, 1.0], [8, 0.7]], "fitted": "C"}})
+    assert profile.prefill_thread_efficiency(1) == profile.prefill_thread_efficiency(2) == 1.0
+    assert profile.prefill_thread_efficiency(4) == pytest.approx(0.85)  # half-way in log2(threads)
+    assert profile.prefill_thread_efficiency(8) == profile.prefill_thread_efficiency(96) == pytest.approx(0.7)
+    without = PROFILE.model_validate(PROFILE.model_dump() | {"prefill_thread_scaling": None})
+    assert without.prefill_thread_efficiency(64) == 1.0
+
+
+@pytest.mark.parametrize("value", [[], [[2]], [[4, 1.0], [2, 0.9]], [[2, 1.0], [2, 0.9]], [[0, 1.0]], [[2, 0]],
+                                   [[2, True]], {"2": 1.0}])
+def test_malformed_thread_scaling_is_refused(value) -> None:
+    with pytest.raises(ValidationError, match="thread|fraction"):
+        PROFILE.model_validate(PROFILE.model_dump() | {"prefill_thread_scaling": {"value": value, "fitted": "C"}})
+
+
+def test_prefill_at_two_threads_runs_at_the_measured_rate() -> None:
+    two = estimate("llama-3.1-8b", CPU, weights="q8_0", prompt=KERNEL_PREFILL_TOKENS, output=1, threads=2)
+    assert "prefill_thread_scaling" not in two.efficiency_basis  # the rates' own thread count: nothing to scale
 
 
 def test_an_older_builds_profile_prices_its_own_measured_kernels() -> None:
@@ -117,7 +145,8 @@ def test_an_older_builds_profile_prices_its_own_measured_kernels() -> None:
     assert old.kernel_rates.fitted == "C" and old.kernel_rate("iq3_s") != PROFILE.kernel_rate("iq3_s")
     late = estimate("llama-3.1-8b", CPU, weights="iq3_s", prompt=KERNEL_PREFILL_TOKENS, output=1)
     early = estimate("llama-3.1-8b", CPU, weights="iq3_s", prompt=KERNEL_PREFILL_TOKENS, output=1, engine="llama-cpp-cpu-b3441")
-    ratio = PROFILE.kernel_rate("iq3_s")[1] / old.kernel_rate("iq3_s")[1]
+    ratio = (PROFILE.kernel_rate("iq3_s")[1] * PROFILE.prefill_thread_efficiency(16)
+             / (old.kernel_rate("iq3_s")[1] * old.prefill_thread_efficiency(16)))
     assert early.ttft_s / late.ttft_s == pytest.approx(ratio, rel=0.15)  # the matmuls dominate a CPU prefill
     assert early.engine == "llama-cpp-cpu-b3441" and early.cpu_kernels == "iq3_s"
 
