@@ -136,6 +136,11 @@ def test_malformed_thread_scaling_is_refused(value) -> None:
 def test_prefill_at_two_threads_runs_at_the_measured_rate() -> None:
     two = estimate("llama-3.1-8b", CPU, weights="q8_0", prompt=KERNEL_PREFILL_TOKENS, output=1, threads=2)
     assert "prefill_thread_scaling" not in two.efficiency_basis  # the rates' own thread count: nothing to scale
+    assert two.prefill_thread_efficiency == 1.0
+    every = estimate("llama-3.1-8b", CPU, weights="q8_0", prompt=KERNEL_PREFILL_TOKENS, output=1)
+    assert every.prefill_thread_efficiency == pytest.approx(PROFILE.prefill_thread_efficiency(16))
+    gpu = estimate("llama-3.1-8b", "h100-sxm", prompt=KERNEL_PREFILL_TOKENS, output=1)
+    assert gpu.prefill_thread_efficiency == 1.0 and gpu.cpu_kernels is None
 
 
 def test_an_older_builds_profile_prices_its_own_measured_kernels() -> None:
@@ -197,5 +202,9 @@ def test_the_cli_says_the_matmuls_ran_at_the_measured_kernel_rates() -> None:
     out = CliRunner().invoke(app, ["estimate", "-m", "llama-3.1-8b", "-H", CPU, "--weights", "iq3_s", "--threads", "2"])
     caption = " ".join(out.output.split())  # the table wraps its caption at the console's width
     assert out.exit_code == 0 and "matmuls at llama.cpp's measured iq3_s CPU kernel rates" in caption
+    assert "thread scaling" not in caption  # 2 threads: the rates' own count
+    every = " ".join(CliRunner().invoke(app, ["estimate", "-m", "llama-3.1-8b", "-H", CPU, "--weights", "iq3_s"]).output.split())
+    scaling = PROFILE.prefill_thread_efficiency(16)
+    assert f"kernel rates (prefill {scaling:.2f}× per thread: its measured thread scaling)" in every
     gpu = " ".join(CliRunner().invoke(app, ["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm"]).output.split())
     assert "of peak FLOP/s" in gpu and "kernel rates" not in gpu

@@ -85,6 +85,8 @@ class Estimate(Artifact):
     # the GGUF tensor type whose measured llama.cpp CPU kernel rates priced the matmuls (None: a fraction of the
     # dtype's peak did; then flops_efficiency is that fraction, else the kernels' rate over the dtype's peak)
     cpu_kernels: str | None = None
+    # the prefill kernel rate per thread at the busy cores, as a fraction of its measured rate (prefill_thread_scaling)
+    prefill_thread_efficiency: float = 1.0
     sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
     # the bandwidth the estimate priced (before bw_efficiency) and why: a CPU's threads and NUMA policy
     reached_bandwidth_Bps: float | None = None  # what one process reaches (CPUs: <= bandwidth_Bps); None: the peak
@@ -309,6 +311,7 @@ class KernelRate(NamedTuple):
     prefill_factor: float  # prefill kernel's rate / peak (KERNEL_PREFILL_TOKENS tokens per step)
     clock_hz: float
     basis: str
+    prefill_thread_efficiency: float = 1.0  # what of the measured prefill rate per thread the busy cores keep
 
 
 class StepModel(NamedTuple):
@@ -477,7 +480,8 @@ def cpu_kernel_rate(engine: EngineProfile, device: Hardware, weights_name: str |
     basis = (f"{engine.name}'s {tensor_type} kernels: {decode:.3g} (decode) / {prefill:.3g} (prefill) MACs per cycle "
              f"per thread (catalog/engines.toml kernel_rates, {where}{scaled}) at {clock / 1e9:.2f} GHz with {busy:g} "
              f"core{'s' if busy != 1 else ''} busy")
-    return KernelRate(tensor_type, 2.0 * fastest * clock * topology.cores, decode / fastest, prefill / fastest, clock, basis)
+    return KernelRate(tensor_type, 2.0 * fastest * clock * topology.cores, decode / fastest, prefill / fastest, clock, basis,
+                      scaling)
 
 
 def compute_rate(arch: Architecture, device: Hardware, weights: Precision | WeightFormats | None,
@@ -724,6 +728,7 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         efficiency_basis="ideal: peak bandwidth and FLOPs, weights only" if ideal else efficiency.basis,
         engine=resolved.engine.key,
         cpu_kernels=resolved.kernel_rate.tensor_type if resolved.kernel_rate and not ideal else None,
+        prefill_thread_efficiency=resolved.kernel_rate.prefill_thread_efficiency if resolved.kernel_rate and not ideal else 1.0,
         sequence_overhead_s=float(machine.sequence_overhead_s),
         reached_bandwidth_Bps=reach.bandwidth_Bps if reach else None,
         bandwidth_basis=reach.basis if reach else ("peak (ideal: the seed formula)" if ideal else "the device's peak"),
