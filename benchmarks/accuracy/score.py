@@ -25,12 +25,12 @@ other source, held out), the per-kernel cost is fitted per kind on one fold and 
 on the other, both ways, next to the cited defaults' error on the same rows. It exits 1 when the
 catalog's fitted value (apple's per-kernel cost) is not the fold-A fit.
 
-The second fitted value is llama.cpp's GEMM efficiency on NVIDIA GPUs (the CUDA backend profile's
-``gemm_efficiency`` in ``catalog/engines.toml``): the fraction of the catalog's dense peak FLOP/s at the
-weights' compute dtype that llama.cpp's prefill matmuls (MMQ for quantized weights, cuBLAS for f16) reach.
-No public per-GPU figure for it was found, so it is fitted on the fold-A llama.cpp prefill rows on NVIDIA
-GPUs (`fit_gemm_efficiency`: a grid minimising mean |log(predicted / measured)|, every row priced by the
-real estimator) and scored on fold B's such rows. It exits 1 when the shipped value is not that fit.
+The second fitted value is llama.cpp's GEMM efficiency on NVIDIA GPUs and on Apple chips (the CUDA and Metal
+backend profiles' ``gemm_efficiency`` in ``catalog/engines.toml``): the fraction of the catalog's dense peak FLOP/s
+at the weights' compute dtype that llama.cpp's prefill matmuls (CUDA: MMQ for quantized weights, cuBLAS for f16)
+reach. No public per-device figure for it was found, so each is fitted on the fold-A llama.cpp prefill rows on its
+devices (`fit_gemm_efficiency`: a grid minimising mean |log(predicted / measured)|, every row priced by the
+real estimator) and scored on fold B's such rows. It exits 1 when a shipped value is not its fit.
 
 The third is llama.cpp's CPU matmul kernel rate per tensor type (the CPU backend profile's ``kernel_rates``):
 multiply-accumulates per cycle per thread, which bind decode at a few threads and prefill at any. No public figure
@@ -86,6 +86,8 @@ FITTED_KINDS = ("apple",)
 # The engine profile whose GEMM efficiency the catalog takes from the fold-A fit: llama.cpp's CUDA backend, what the
 # default engine runs as on an NVIDIA GPU (catalog.engine_for_device), and the grid that fit searches.
 GEMM_FIT_PROFILE = "llama-cpp-cuda"
+# each llama.cpp backend whose prefill GEMM efficiency is fitted on fold A -> the devices its rows run on
+GEMM_FIT_PROFILES = {GEMM_FIT_PROFILE: "NVIDIA GPUs", "llama-cpp-metal": "Apple GPUs"}
 FIT_GEMM_EFFICIENCY = np.round(np.arange(0.05, 0.80001, 0.005), 3)
 # The curve's one anchor (tokens in the step): one point is a flat rate at every step size.
 GEMM_FIT_TOKENS = 512
@@ -530,66 +532,74 @@ def fold_fits(inputs: FitInputs) -> dict[str, dict[str, float]]:
 # held-out fit of llama.cpp's GEMM efficiency on NVIDIA GPUs (prefill)
 
 
-def gemm_fit_rows(rows: list[Row]) -> list[Row]:
-    """The prefill rows the llama.cpp CUDA profile prices: llama.cpp (or Ollama) prompt rates on a device where the
-    default engine runs as `GEMM_FIT_PROFILE` (an NVIDIA GPU), both folds."""
+def gemm_fit_rows(rows: list[Row], profile: str = GEMM_FIT_PROFILE) -> list[Row]:
+    """The prefill rows a llama.cpp backend profile prices: llama.cpp (or Ollama) prompt rates on a device where the
+    default engine runs as ``profile`` (an NVIDIA GPU for CUDA, an Apple chip for Metal), both folds."""
     return [row for row in rows if row.quantity == "prefill" and row.prefill_tok_s and ENGINE_PROFILES.get(row.engine) == "llama-cpp"
-            and engine_for_device(resolve_engine("llama-cpp"), row_hardware(row)).key == GEMM_FIT_PROFILE]
+            and engine_for_device(resolve_engine("llama-cpp"), row_hardware(row)).key == profile]
 
 
-def gemm_profile(efficiency: float) -> EngineProfile:
-    """The llama.cpp CUDA profile with its GEMMs at ``efficiency`` of peak at every step size (what the fit prices)."""
+def gemm_profile(efficiency: float, profile: str = GEMM_FIT_PROFILE) -> EngineProfile:
+    """The llama.cpp backend profile with its GEMMs at ``efficiency`` of peak at every step size (what the fit prices)."""
     curve = Sourced(value=[[GEMM_FIT_TOKENS, float(efficiency)]], fitted="A")
-    return catalog_engine(GEMM_FIT_PROFILE).model_copy(update={"gemm_efficiency": curve})
+    return catalog_engine(profile).model_copy(update={"gemm_efficiency": curve})
 
 
-def predict_prefill_at_gemm(rows: list[Row], efficiency: float) -> np.ndarray:
-    """Predicted prompt tok/s of each row with llama.cpp's CUDA GEMMs at ``efficiency`` (the real estimator)."""
-    profile = gemm_profile(efficiency)
-    return np.array([predict_prefill_tok_s(row, engine=profile) for row in rows])
+def predict_prefill_at_gemm(rows: list[Row], efficiency: float, profile: str = GEMM_FIT_PROFILE) -> np.ndarray:
+    """Predicted prompt tok/s of each row with the backend's GEMMs at ``efficiency`` (the real estimator)."""
+    engine = gemm_profile(efficiency, profile)
+    return np.array([predict_prefill_tok_s(row, engine=engine) for row in rows])
 
 
-def fit_gemm_efficiency(rows: list[Row]) -> float:
+def fit_gemm_efficiency(rows: list[Row], profile: str = GEMM_FIT_PROFILE) -> float:
     """The GEMM efficiency on `FIT_GEMM_EFFICIENCY` minimising the mean |log(predicted / measured)| over ``rows``."""
     measured = np.array([row.prefill_tok_s for row in rows])
-    loss = [np.mean(np.abs(np.log(predict_prefill_at_gemm(rows, e) / measured))) for e in FIT_GEMM_EFFICIENCY]
+    loss = [np.mean(np.abs(np.log(predict_prefill_at_gemm(rows, e, profile) / measured))) for e in FIT_GEMM_EFFICIENCY]
     return float(FIT_GEMM_EFFICIENCY[int(np.argmin(loss))])
 
 
-def shipped_gemm_efficiency() -> float | None:
-    """The catalog's llama.cpp CUDA GEMM efficiency when it is one flat point (None: none, or a curve)."""
-    points = catalog_engine(GEMM_FIT_PROFILE).gemm_points
+def shipped_gemm_efficiency(profile: str = GEMM_FIT_PROFILE) -> float | None:
+    """The catalog's GEMM efficiency of a llama.cpp backend when it is one flat point (None: none, or a curve)."""
+    engine = catalog_engine(profile)
+    if engine.gemm_efficiency is None:
+        return None
+    points = engine.gemm_points
     return points[0][1] if len(points) == 1 else None
 
 
 def print_gemm_fit(all_rows: list[Row]) -> int:
-    """Fit llama.cpp's CUDA GEMM efficiency on fold A, score it on fold B; 1 when the catalog does not ship the fit."""
-    rows = gemm_fit_rows(all_rows)
-    fold_a, fold_b = [r for r in rows if r.fold == "A"], [r for r in rows if r.fold == "B"]
+    """Fit each llama.cpp backend's GEMM efficiency on fold A, score it on fold B; 1 when the catalog does not ship
+    the fit."""
+    status = 0
     step = FIT_GEMM_EFFICIENCY[1] - FIT_GEMM_EFFICIENCY[0]
-    print(f"llama.cpp's GEMM efficiency on NVIDIA GPUs (catalog/engines.toml [{GEMM_FIT_PROFILE}] gemm_efficiency): the fraction "
-          "of dense peak FLOP/s at the weights' compute dtype its prefill matmuls reach, fitted on fold A")
-    print(f"  rows: llama.cpp prefill on NVIDIA GPUs, fold A {len(fold_a)}, fold B {len(fold_b)}; grid "
-          f"{FIT_GEMM_EFFICIENCY[0]:.3f}..{FIT_GEMM_EFFICIENCY[-1]:.3f} step {step:.3f}, minimising mean |log(predicted / measured)|")
-    if not fold_a:
-        print("  no fold-A rows: nothing to fit")
-        return 1
-    fitted = fit_gemm_efficiency(fold_a)
+    for profile, devices in GEMM_FIT_PROFILES.items():
+        rows = gemm_fit_rows(all_rows, profile)
+        fold_a, fold_b = [r for r in rows if r.fold == "A"], [r for r in rows if r.fold == "B"]
+        print(f"llama.cpp's GEMM efficiency on {devices} (catalog/engines.toml [{profile}] gemm_efficiency): the fraction "
+              "of dense peak FLOP/s at the weights' compute dtype its prefill matmuls reach, fitted on fold A")
+        print(f"  rows: llama.cpp prefill on {devices}, fold A {len(fold_a)}, fold B {len(fold_b)}; grid "
+              f"{FIT_GEMM_EFFICIENCY[0]:.3f}..{FIT_GEMM_EFFICIENCY[-1]:.3f} step {step:.3f}, minimising mean |log(predicted / measured)|")
+        if not fold_a:
+            print("  no fold-A rows: nothing to fit")
+            status = 1
+            continue
+        fitted = fit_gemm_efficiency(fold_a, profile)
 
-    def errors(fold_rows: list[Row]) -> str:
-        if not fold_rows:
-            return "no rows (n=0)"
-        predicted = predict_prefill_at_gemm(fold_rows, fitted)
-        median, mean = summary([ape(p, r.prefill_tok_s) for p, r in zip(predicted, fold_rows)])
-        return f"median {median:.1f}% / mean {mean:.1f}% ({len(fold_rows)} rows)"
+        def errors(fold_rows: list[Row]) -> str:
+            if not fold_rows:
+                return "no rows (n=0)"
+            predicted = predict_prefill_at_gemm(fold_rows, fitted, profile)
+            median, mean = summary([ape(p, r.prefill_tok_s) for p, r in zip(predicted, fold_rows)])
+            return f"median {median:.1f}% / mean {mean:.1f}% ({len(fold_rows)} rows)"
 
-    print(f"  fit on A -> {fitted:.3f}; in-sample fold A: {errors(fold_a)}; held-out fold B: {errors(fold_b)}")
-    shipped = shipped_gemm_efficiency()
-    same = shipped is not None and abs(shipped - fitted) < step / 2
-    shown = "not one flat point" if shipped is None else f"{shipped:.3f}"
-    print(f"  shipped {GEMM_FIT_PROFILE}: {shown} {'=' if same else '!='} the fold-A fit ({fitted:.3f})"
-          f"{'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
-    return 0 if same else 1
+        print(f"  fit on A -> {fitted:.3f}; in-sample fold A: {errors(fold_a)}; held-out fold B: {errors(fold_b)}")
+        shipped = shipped_gemm_efficiency(profile)
+        same = shipped is not None and abs(shipped - fitted) < step / 2
+        shown = "not one flat point" if shipped is None else f"{shipped:.3f}"
+        print(f"  shipped {profile}: {shown} {'=' if same else '!='} the fold-A fit ({fitted:.3f})"
+              f"{'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
+        status |= 0 if same else 1
+    return status
 
 
 KERNELS_CSV = Path(__file__).with_name("cpu_kernels.csv")

@@ -215,12 +215,27 @@ def test_gemm_fit_takes_the_nvidia_llama_cpp_prefill_rows_and_recovers_a_known_e
     assert (score.predict_prefill_at_gemm(few, 0.15) < truth).all()  # a lower GEMM rate prices a slower prefill
 
 
+def test_metal_gemm_fit_takes_the_apple_llama_cpp_prefill_rows_and_recovers_a_known_efficiency(score):
+    import dataclasses
+
+    chosen = score.gemm_fit_rows(score.load_rows(CSV_PATH), "llama-cpp-metal")
+    assert chosen and {resolve_hardware(r.device).kind for r in chosen} == {"apple"}
+    assert {r.fold for r in chosen} == {"A", "B"}
+    few = [r for r in chosen if r.fold == "A"][:4]
+    truth = score.predict_prefill_at_gemm(few, 0.45, "llama-cpp-metal")
+    synthetic = [dataclasses.replace(r, prefill_tok_s=float(t)) for r, t in zip(few, truth)]
+    assert score.fit_gemm_efficiency(synthetic, "llama-cpp-metal") == pytest.approx(0.45)
+    assert (score.predict_prefill_at_gemm(few, 0.3, "llama-cpp-metal") < truth).all()
+    assert score.catalog_engine("llama-cpp-metal").gemm_efficiency.fitted == "A"
+
+
 def test_shipped_fitted_kernel_cost_is_the_fold_a_fit(score, capsys):
     """The catalog's fitted per-kernel costs must be what score.py fits on fold A (it exits 1 otherwise)."""
     assert score.main(["--quiet"]) == 0
     out = capsys.readouterr().out
     assert "held-out fold B" in out and "MISMATCH" not in out
-    assert f"shipped {score.GEMM_FIT_PROFILE}: {score.shipped_gemm_efficiency():.3f} = the fold-A fit" in out
+    for profile in score.GEMM_FIT_PROFILES:
+        assert f"shipped {profile}: {score.shipped_gemm_efficiency(profile):.3f} = the fold-A fit" in out
     for quantity in ("decode:", "prefill:", "serving throughput:", "TPOT under load:", "TTFT under load:"):
         assert quantity in out
 
