@@ -18,6 +18,20 @@ GIB = 2**30
 KERNEL_PREFILL_TOKENS = 512
 
 
+def _check_points(points: Any, unit: str, counts: str, highest: float) -> list:
+    """A curve of [count, fraction] points: counts increasing from 1, fractions in (0, highest]."""
+    if not isinstance(points, list) or not points or any(
+            not isinstance(p, list) or len(p) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+            for p in points):
+        raise ValueError(f"must be a list of [{unit}, fraction] points")
+    xs = [p[0] for p in points]
+    if xs != sorted(xs) or len(set(xs)) != len(xs) or xs[0] < 1:
+        raise ValueError(f"points must have increasing {counts} >= 1")
+    if not all(0 < p[1] <= highest for p in points):
+        raise ValueError(f"fractions must be in (0, {highest:g}]")
+    return points
+
+
 class Sourced(BaseModel):
     """One profile value with where it comes from: a public ``source`` or the ``fitted`` fold (exactly one)."""
 
@@ -160,18 +174,9 @@ class EngineProfile(BaseModel):
     def _curve(cls, field: Sourced | None) -> Sourced | None:
         if field is None:
             return field
-        points = field.value
-        if not isinstance(points, list) or not points or any(
-                not isinstance(p, list) or len(p) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
-                for p in points):
-            raise ValueError("must be a list of [tokens, fraction] points")
+        points = _check_points(field.value, "tokens", "token counts", highest=1)
         if len(points) > 2:
             raise ValueError("at most two [tokens, fraction] anchors: the step model interpolates between two")
-        tokens = [p[0] for p in points]
-        if tokens != sorted(tokens) or len(set(tokens)) != len(tokens) or tokens[0] < 1:
-            raise ValueError("points must have increasing token counts >= 1")
-        if not all(0 < p[1] <= 1 for p in points):
-            raise ValueError("fractions must be in (0, 1]")
         return field
 
     @field_validator("kernel_rates")
@@ -190,18 +195,8 @@ class EngineProfile(BaseModel):
     @field_validator("prefill_thread_scaling")
     @classmethod
     def _thread_scaling(cls, field: Sourced | None) -> Sourced | None:
-        if field is None:
-            return field
-        points = field.value
-        if not isinstance(points, list) or not points or any(
-                not isinstance(p, list) or len(p) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
-                for p in points):
-            raise ValueError("must be a list of [threads, fraction] points")
-        threads = [p[0] for p in points]
-        if threads != sorted(threads) or len(set(threads)) != len(threads) or threads[0] < 1:
-            raise ValueError("points must have increasing thread counts >= 1")
-        if not all(0 < p[1] <= 2 for p in points):
-            raise ValueError("fractions must be in (0, 2]")
+        if field is not None:
+            _check_points(field.value, "threads", "thread counts", highest=2)
         return field
 
     # ---- what the estimator and simulator read
@@ -219,7 +214,6 @@ class EngineProfile(BaseModel):
                 share = math.log2(threads / lo_n) / math.log2(hi_n / lo_n)
                 return float(lo_e + (hi_e - lo_e) * share)
         return float(points[-1][1])
-
 
     def kernel_rate(self, tensor_type: str | None) -> tuple[float, float] | None:
         """(decode, prefill) MACs per cycle per thread of the CPU kernels for ``tensor_type``; None: not measured."""

@@ -196,8 +196,9 @@ def test_fp8_weights_run_the_engines_fp8_gemm_curve_and_attention_stays_at_the_b
 
 
 def test_default_llama_cpp_on_an_nvidia_gpu_prices_gemms_at_the_fitted_efficiency() -> None:
-    """llama.cpp's CUDA GEMM efficiency is the fold-A fit (benchmarks/accuracy/score.py checks it): the default engine on
-    an NVIDIA GPU prices prefill with it; vLLM keeps its cited cuBLAS curve, other backends the kind's fraction."""
+    """llama.cpp's CUDA and Metal GEMM efficiencies are fold-A fits (benchmarks/accuracy/score.py checks them): the
+    default engine on an NVIDIA GPU or an Apple chip prices prefill with its own; vLLM keeps its cited cuBLAS curve,
+    other backends (ROCm) the kind's fraction."""
     cuda = catalog_engine("llama-cpp-cuda")
     (tokens, fitted), = cuda.gemm_points  # one point: a flat rate
     assert 0 < fitted < default_efficiency(resolve_hardware("h100-pcie")).flops_efficiency
@@ -218,7 +219,10 @@ def test_default_llama_cpp_on_an_nvidia_gpu_prices_gemms_at_the_fitted_efficienc
     assert rocm.engine == "llama-cpp-rocm" and rocm.flops_efficiency == default_efficiency(resolve_hardware("mi300x")).flops_efficiency
     apple = next(k for k in ("m2-ultra", "m1-max", "m3-max") if _exists(k))
     metal = estimate("llama-3.1-8b", apple, weights="q4_k_m", prompt=512)
-    assert metal.engine == "llama-cpp-metal" and metal.flops_efficiency == default_efficiency(resolve_hardware(apple)).flops_efficiency
+    metal_profile = catalog_engine("llama-cpp-metal")
+    (_, metal_fitted), = metal_profile.gemm_points
+    assert metal_profile.gemm_efficiency.fitted == "A" and metal_fitted != default_efficiency(resolve_hardware(apple)).flops_efficiency
+    assert metal.engine == "llama-cpp-metal" and metal.flops_efficiency == pytest.approx(metal_fitted)
     ideal = estimate("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512, ideal=True)
     assert ideal.flops_efficiency == 1.0
     assert ideal.ttft_s == estimate("llama-3.1-8b", "h100-pcie", weights="q4_k_m", prompt=512, ideal=True, engine="vllm").ttft_s
