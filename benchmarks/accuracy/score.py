@@ -83,10 +83,10 @@ FIXED_OVERHEAD_S = 2.0e-3
 FIT_KERNEL_COST_S = np.round(np.arange(0.0, 15.0001e-6, 0.1e-6), 8)
 # The kinds whose per-kernel cost the catalog takes from the fold-A fit (the rest cite a microbenchmark).
 FITTED_KINDS = ("apple",)
-# The engine profile whose GEMM efficiency the catalog takes from the fold-A fit: llama.cpp's CUDA backend, what the
-# default engine runs as on an NVIDIA GPU (catalog.engine_for_device), and the grid that fit searches.
+# The engine profiles whose GEMM efficiency the catalog takes from a fold-A fit: llama.cpp's CUDA and Metal backends,
+# what the default engine runs as on an NVIDIA GPU and an Apple chip (catalog.engine_for_device), -> the devices their
+# rows run on; and the grid each fit searches. GEMM_FIT_PROFILE is the default of the functions below.
 GEMM_FIT_PROFILE = "llama-cpp-cuda"
-# each llama.cpp backend whose prefill GEMM efficiency is fitted on fold A -> the devices its rows run on
 GEMM_FIT_PROFILES = {GEMM_FIT_PROFILE: "NVIDIA GPUs", "llama-cpp-metal": "Apple GPUs"}
 FIT_GEMM_EFFICIENCY = np.round(np.arange(0.05, 0.80001, 0.005), 3)
 # The curve's one anchor (tokens in the step): one point is a flat rate at every step size.
@@ -529,7 +529,7 @@ def fold_fits(inputs: FitInputs) -> dict[str, dict[str, float]]:
 
 
 # ------------------------------------------------------------------------------------------------
-# held-out fit of llama.cpp's GEMM efficiency on NVIDIA GPUs (prefill)
+# held-out fits of llama.cpp's GEMM efficiency on NVIDIA GPUs and Apple chips (prefill)
 
 
 def gemm_fit_rows(rows: list[Row], profile: str = GEMM_FIT_PROFILE) -> list[Row]:
