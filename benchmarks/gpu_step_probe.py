@@ -102,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_step_probe.json"))
     args = parser.parse_args(argv)
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        print("gpu_step_probe: needs PyTorch with CUDA (pip install torch)", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gpu_step_probe: no CUDA device", file=sys.stderr)
         return 2

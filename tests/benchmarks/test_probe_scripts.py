@@ -1,0 +1,47 @@
+"""The device-probe scripts (benchmarks/cpu_thread_scaling.py, benchmarks/gpu_step_probe.py): their arithmetic and
+their refusals, without llama.cpp's tools or a GPU (the runs themselves are recorded in benchmarks/accuracy)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_thread_sweep_needs_its_tools() -> None:
+    done = _run("cpu_thread_scaling.py")
+    assert done.returncode == 2 and "--tools is required" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_thread_sweep_counts_its_macs_as_the_kernel_rates_do() -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import cpu_kernel_rates as kernels
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    shape = kernels.PREFILL_SHAPE
+    body = sum(rows * columns for _, (rows, columns) in kernels.matrices(shape))
+    assert body == 2 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096)  # two Llama-3.1-8B layers
+    # the files' macs_per_token: the layers per token plus the head once per 512-token prompt
+    head = 49152 * 4096
+    assert round((512 * body + head) / 512) == 436600832
+
+
+def test_the_gpu_probe_refuses_without_torch_or_cuda_in_one_line() -> None:
+    done = _run("gpu_step_probe.py", "--out", "/dev/null")
+    try:
+        import torch  # noqa: F401
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        pytest.skip("a CUDA device is here: the probe would run")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "gpu_step_probe:" in done.stderr
