@@ -54,6 +54,11 @@ class Sourced(BaseModel):
             raise ValueError("large_memory_value and large_memory_gib go together")
         return self
 
+    @property
+    def basis(self) -> str:
+        """Where the value comes from, in words: its public source, or the fold it was fitted on."""
+        return self.source if self.source is not None else f"fitted on fold {self.fitted}"
+
     def at(self, memory_bytes: float | None = None, kv_tokens: float | None = None) -> Any:
         """The value on a device with ``memory_bytes`` (None: unknown → the base value), capped by the KV rule."""
         value = self.value

@@ -470,15 +470,10 @@ def cpu_kernel_rate(engine: EngineProfile, device: Hardware, weights_name: str |
     scaling = engine.prefill_thread_efficiency(busy)
     prefill *= scaling
     fastest = max(decode, prefill)
-    where = f"fitted on fold {engine.kernel_rates.fitted}" if engine.kernel_rates.fitted else engine.kernel_rates.source
-    if scaling == 1.0:
-        scaled = ""
-    else:
-        curve = engine.prefill_thread_scaling
-        scaled = (f", prefill x {scaling:.3g} at {busy:g} threads (prefill_thread_scaling, "
-                  f"{f'fitted on fold {curve.fitted}' if curve.fitted else curve.source})")
+    scaled = ("" if scaling == 1.0 else
+              f", prefill x {scaling:.3g} at {busy:g} threads (prefill_thread_scaling, {engine.prefill_thread_scaling.basis})")
     basis = (f"{engine.name}'s {tensor_type} kernels: {decode:.3g} (decode) / {prefill:.3g} (prefill) MACs per cycle "
-             f"per thread (catalog/engines.toml kernel_rates, {where}{scaled}) at {clock / 1e9:.2f} GHz with {busy:g} "
+             f"per thread (catalog/engines.toml kernel_rates, {engine.kernel_rates.basis}{scaled}) at {clock / 1e9:.2f} GHz with {busy:g} "
              f"core{'s' if busy != 1 else ''} busy")
     return KernelRate(tensor_type, 2.0 * fastest * clock * topology.cores, decode / fastest, prefill / fastest, clock, basis,
                       scaling)
