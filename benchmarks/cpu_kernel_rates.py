@@ -249,11 +249,22 @@ def write_imatrix(path: Path, shape: Shape) -> None:
 def clock_hz(work: Path, copies: int) -> float:
     """The core clock with ``copies`` cores busy: dependent adds retire one per cycle."""
     source, binary = work / "clock.c", work / "clock"
-    if not binary.exists():
+    # a reused --work folder may hold the binary of an older chain (the add-immediate one): rebuild when it differs
+    if not binary.exists() or not source.exists() or source.read_text() != CLOCK_C:
         source.write_text(CLOCK_C)
         subprocess.run(["cc", "-O1", "-o", str(binary), str(source)], check=True)
     runs = [subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True) for _ in range(copies)]
     return min(float(run.communicate()[0]) for run in runs)
+
+
+def cpu_name() -> str:
+    """The CPU's model name as Linux reports it (else what Python's platform module knows)."""
+    fallback = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), fallback)
+    except OSError:
+        return fallback
 
 
 def bench(binary: Path, model: Path, args: list[str]) -> list[dict]:
@@ -301,12 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     build = (version.stdout + version.stderr).strip().splitlines()[0] if (version.stdout + version.stderr).strip() else ""
     rows = []
     date = datetime.date.today().isoformat()
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_name()
     # (shape, llama-bench arguments): the decode kernel in cache at 1 and all threads, at two widths; the prefill GEMM
     # at all threads; and, for reference, the same matvec streaming the 8B matrices from DRAM at one thread
     decode_args = ["-p", "0", "-n", "512", "-r", "10", "-t", f"1,{cores}"]

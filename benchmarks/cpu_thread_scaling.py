@@ -22,7 +22,6 @@ import csv
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -38,15 +37,6 @@ def tokenizer_from(path: Path | None) -> dict:
     if path is None:
         return kernels.smollm2_tokenizer()
     return json.loads(path.read_text())
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                        platform.processor() or platform.machine())
-    except OSError:
-        return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         assert kernels.write_model(base, shape, tokenizer) == (per_token, head)
     clocks = {n: kernels.clock_hz(work, n) for n in counts}
     kernels.log("clock: " + ", ".join(f"{clocks[n] / 1e9:.3f} GHz at {n}" for n in counts))
-    cpu, date = cpu_name(), datetime.date.today().isoformat()
+    cpu, date = kernels.cpu_name(), datetime.date.today().isoformat()
     run_macs = (512 * (per_token - head) + head) / 512
     rows: list[dict] = []
     for quant in wanted:
