@@ -56,9 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.tools is None:
         parser.error("--tools is required")
     cores = os.cpu_count() or 1
-    counts = [int(t) for t in args.threads.split(",")] if args.threads else sorted(
-        {1, cores, *(2 ** k for k in range(1, cores.bit_length()) if 2 ** k < cores)})
+    try:
+        counts = [int(t) for t in args.threads.split(",")] if args.threads else sorted(
+            {1, cores, *(2 ** k for k in range(1, cores.bit_length()) if 2 ** k < cores)})
+    except ValueError:
+        parser.error(f"--threads {args.threads!r}: give thread counts, comma-separated (e.g. 2,4,8,16)")
+    if 2 not in counts or min(counts) < 1:
+        parser.error("--threads must include 2 (the kernel rates' own count, which the scaling is relative to) and be >= 1")
     wanted = [t.strip().upper() for t in args.types.split(",") if t.strip()]
+    unknown = [t for t in wanted if t not in kernels.TYPES]
+    if unknown:
+        parser.error(f"unknown type(s) {', '.join(unknown)}; known: {', '.join(t.lower() for t in kernels.TYPES)}")
     work = args.work or Path(tempfile.mkdtemp(prefix="speedlimit-threads-"))
     work.mkdir(parents=True, exist_ok=True)
     shape = kernels.PREFILL_SHAPE

@@ -21,6 +21,14 @@ def test_the_thread_sweep_needs_its_tools() -> None:
     assert done.returncode == 2 and "--tools is required" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("args, needle", [(["--threads", "two"], "thread counts, comma-separated"),
+                                          (["--threads", "4,8"], "must include 2"),
+                                          (["--types", "q9_9"], "unknown type")])
+def test_the_thread_sweep_refuses_bad_arguments_in_one_line(args: list[str], needle: str) -> None:
+    done = _run("cpu_thread_scaling.py", "--tools", "/nonexistent", *args)
+    assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr
+
+
 def test_the_thread_sweep_counts_its_macs_as_the_kernel_rates_do() -> None:
     sys.path.insert(0, str(BENCHMARKS))
     try:
