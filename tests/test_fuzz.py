@@ -658,7 +658,7 @@ def test_simulate_any_flags(flags: list[tuple[str, str]], switches: list[str], h
        switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--prefix-caching"]), max_size=2))
 def test_simulate_data_parallel_any_load(dp: str, load: tuple[str, str], end: tuple[str, str],
                                          extra: list[tuple[str, str]], switches: list[str]) -> None:
-    """--dp N runs N replicas (--dp with --ep is a one-line refusal): any load, end, engine and scheduler knobs."""
+    """--dp N runs N replicas (with --ep they step together): any load, end, engine and scheduler knobs."""
     model = "mixtral-8x7b" if ("--ep", "2") in extra else "llama-3.1-8b"
     sweeping = any(flag == "--sweep" for flag, _ in extra)  # the sweep sets the load
     argv = ["simulate", "-m", model, "-H", "h200", "--dp", dp, *(() if sweeping else load), *end,

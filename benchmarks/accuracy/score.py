@@ -142,7 +142,24 @@ def _float(value: str | None) -> float | None:
 
 
 #: The engine settings a serving row may carry (`engine_args`), as simulate's keyword arguments, and their types.
-ENGINE_ARG_TYPES: dict[str, type] = {"max_seqs": int, "max_batched_tokens": int, "chunked_prefill": bool, "kv": str}
+ENGINE_ARG_TYPES: dict[str, type] = {"max_seqs": int, "max_batched_tokens": int, "chunked_prefill": bool, "kv": str,
+                                     "dp_attention": bool}
+#: engine_args that set the deployment's layout rather than a simulate keyword (SOURCES.md, Fold D amendment 2)
+LAYOUT_ARGS = ("dp_attention",)
+
+
+def layout(tp: int, engine_args: tuple[tuple[str, Any], ...]) -> dict[str, int]:
+    """The devices' layout a row or fold-D line ran: tensor-parallel over ``tp`` GPUs, or with ``dp_attention``
+    (SGLang's --enable-dp-attention, dp-size = tp-size) attention data-parallel over them (tp 1, dp = tp) with the
+    routed experts over all of them (ep = tp)."""
+    if dict(engine_args).get("dp_attention") and tp > 1:
+        return {"tp": 1, "dp": tp, "ep": tp}
+    return {"tp": tp}
+
+
+def simulate_args(engine_args: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    """A row's engine_args as simulate's scheduler keywords (the layout ones go through `layout`)."""
+    return {key: value for key, value in engine_args if key not in LAYOUT_ARGS}
 
 
 def parse_engine_args(text: str, index: int = 0) -> tuple[tuple[str, Any], ...]:
@@ -326,8 +343,9 @@ def predict_serving(row: Row, *, ideal: bool = False, engine: str | None = None)
     """Predicted aggregate output tok/s and TPOT (ms) at the row's concurrency (estimate's steady batch), TTFT n/a."""
     # the row's own KV format, where its command line sets one, with its engine's profile
     kv = dict(row.engine_args).get("kv") if engine is not None else None
+    parallel = layout(row.tp, row.engine_args if engine is not None else ())
     result = estimate(row_model(row), row_hardware(row), weights=row_weights(row), prompt=row.prompt_tokens, output=row.output_tokens,
-                      batch=row.concurrency, tp=row.tp, ideal=ideal, engine=engine, kv=kv)  # fmt: skip
+                      batch=row.concurrency, ideal=ideal, engine=engine, kv=kv, **parallel)  # fmt: skip
     return {"throughput_tok_s": result.throughput_tok_s, "tpot_ms": result.itl_s * 1e3, "ttft_ms": None}
 
 
@@ -357,8 +375,9 @@ def predict_serving_simulated(row: Row, *, engine: str | None = None) -> dict[st
 
     concurrency = int(row.concurrency or 1)
     try:
-        settings = dict(row.engine_args) if engine is not None else {}
-        run = simulate(row_model(row), row_hardware(row), weights=row_weights(row), tp=row.tp, engine=engine, **settings,
+        settings = simulate_args(row.engine_args) if engine is not None else {}
+        parallel = layout(row.tp, row.engine_args if engine is not None else ())
+        run = simulate(row_model(row), row_hardware(row), weights=row_weights(row), engine=engine, **parallel, **settings,
                        concurrency=concurrency, requests=row.requests or SIMULATED_ROUNDS * concurrency,
                        prompt_tokens=row.prompt_tokens,
                        output_tokens=row.output_tokens).summary
@@ -709,6 +728,7 @@ class EngineStep:
     metric: str
     value: float
     source: str
+    engine_args: tuple[tuple[str, Any], ...] = ()  # the layout the line ran (`layout`)
 
     @property
     def measured_s(self) -> float:
@@ -724,7 +744,8 @@ class EngineStep:
 def load_engine_steps(path: Path = ENGINE_STEPS_CSV) -> list[EngineStep]:
     with open(path, newline="", encoding="utf-8") as f:
         lines = [EngineStep(r["profile"], r["device"], r["model"], r["weights"], int(r["tp"]), int(r["batch"]),
-                            int(r["prompt_tokens"]), int(r["output_tokens"]), r["metric"], float(r["value"]), r["source"])
+                            int(r["prompt_tokens"]), int(r["output_tokens"]), r["metric"], float(r["value"]), r["source"],
+                            parse_engine_args(r.get("engine_args") or ""))
                  for r in csv.DictReader(f)]
     unknown = {line.metric for line in lines} - set(ENGINE_STEP_METRICS)
     if unknown:
@@ -739,8 +760,8 @@ def predict_line_s(line: EngineStep, kernel_overhead_s: float | None = None, seq
     update = {name: Sourced(value=float(value), fitted="D") for name, value in
               (("kernel_overhead_s", kernel_overhead_s), ("sequence_overhead_s", sequence_overhead_s)) if value is not None}
     profile = profile.model_copy(update=update)
-    result = estimate(line.model, line.device, weights=line.weights, tp=line.tp, batch=line.batch,
-                      prompt=line.prompt_tokens, output=line.output_tokens, engine=profile)
+    result = estimate(line.model, line.device, weights=line.weights, batch=line.batch, prompt=line.prompt_tokens,
+                      output=line.output_tokens, engine=profile, **layout(line.tp, line.engine_args))
     if line.metric == "decode_tok_s":
         return result.itl_s
     return result.ttft_s + (line.output_tokens - 1) * result.itl_s

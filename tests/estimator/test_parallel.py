@@ -308,7 +308,8 @@ def test_cli_json_and_table_show_devices():
 @pytest.mark.parametrize(("argv", "needle"), [
     (["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--ep", "2", "--tp", "2"], "dense"),
     (["estimate", "-m", "deepseek-v3", "-H", "h200", "--dp", "8"], "--ep with --dp"),
-    (["simulate", "-m", "mixtral-8x7b", "-H", "h100-sxm", "--dp", "2", "--ep", "2", "--requests", "4"], "expert-parallel group"),
+    (["simulate", "-m", "mixtral-8x7b", "-H", "h100-sxm", "--dp", "2", "--ep", "2", "--pp", "2", "--requests", "4"],
+     "without pipeline stages"),
 ])  # fmt: skip
 def test_cli_refusals_are_one_line_exit_2(argv, needle):
     done = subprocess.run([sys.executable, "-m", "speedlimit.cli", *argv], capture_output=True, text=True, timeout=60)
@@ -335,3 +336,47 @@ def test_cli_plot_draws_a_parallel_deployment(tmp_path):
                               "--plot", str(tmp_path / "plot.png")])
     assert out.exit_code == 0, out.output
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------------------------
+# replicas that share their experts and step together (the simulator's coupled --dp with --ep)
+
+@pytest.mark.parametrize(("model", "weights"), [("mixtral-8x7b", "bf16"), ("deepseek-v3", "fp8")])
+@pytest.mark.parametrize("engine_moe", [False, True])
+def test_a_symmetric_lockstep_step_is_the_group_step(model, weights, engine_moe):
+    cost, machine = _setup(model, "h200", weights, dp=4, ep=4)
+    if engine_moe:  # an engine whose fused-MoE kernel runs at its own rate
+        machine = machine._replace(moe_factor=0.05, gemm_tokens_small=16.0, gemm_factor_small=0.5,
+                                   gemm_tokens_large=2048.0, gemm_factor_large=0.9)
+    for one in (core.decode_batch(cost, 6, 3000.0), core.prefill_batch(cost, 1, 2048, cached=512),
+                core.StepBatch(*(a + b for a, b in zip(core.decode_batch(cost, 3, 900.0), core.prefill_batch(cost, 2, 300))))):
+        group = core.StepBatch(*(4 * v for v in one))
+        assert core.lockstep_step_seconds(cost, machine, [one] * 4) == pytest.approx(core.step_seconds(cost, machine, group), rel=1e-12)
+
+
+def test_a_lockstep_step_lasts_as_long_as_its_slowest_replica():
+    cost, machine = _setup("deepseek-v3", "h200", "fp8", dp=8, ep=8)
+    decode, prompt = core.decode_batch(cost, 4, 3000.0), core.prefill_batch(cost, 1, 4096)
+    mixed = core.lockstep_step_seconds(cost, machine, [prompt] + [decode] * 7)
+    assert mixed > core.lockstep_step_seconds(cost, machine, [decode] * 8)
+    # the prompt's attention and dense layers run on its replica alone, its experts' FLOPs over all eight: faster
+    # than eight prompts (eight times the experts' FLOPs), and the others' decodes only add experts to read
+    eight = core.step_seconds(cost, machine, core.StepBatch(*(8 * v for v in prompt)))
+    assert core.lockstep_step_seconds(cost, machine, [prompt]) <= mixed < eight
+    # the experts are shared: one replica's decode step costs more when the others' tokens touch more experts
+    assert core.lockstep_step_seconds(cost, machine, [decode] * 8) > core.lockstep_step_seconds(cost, machine, [decode])
+    with pytest.raises(ValueError):
+        core.lockstep_step_seconds(cost, machine, [])
+
+
+def test_replicas_without_sequences_bring_no_tokens_to_the_experts():
+    """One sequence on each of 3 of 8 expert-sharing replicas: the experts read and computed are those 3 tokens'
+    (1/8 of them per device), as the lockstep price of the 3 working replicas has it."""
+    cost, machine = _setup("deepseek-v3", "h200", "fp8", dp=8, ep=8)
+    one = core.decode_batch(cost, 1, 2000.0)
+    three = core.StepBatch(*(3 * v for v in one))
+    assert core.step_seconds(cost, machine, three) == pytest.approx(core.lockstep_step_seconds(cost, machine, [one] * 3), rel=1e-12)
+    memory_s, _ = core.step_roofline(cost, machine, three)
+    experts = core.expected_experts_read(cost.n_experts, cost.experts_per_token, 3.0) * cost.expert_bytes / 8
+    dense = core.step_bytes(cost, one) - core.expected_experts_read(cost.n_experts, cost.experts_per_token, 1.0) * cost.expert_bytes
+    assert memory_s == pytest.approx((dense + experts) / machine.bandwidth_Bps, rel=1e-12)

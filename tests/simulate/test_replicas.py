@@ -1,5 +1,6 @@
-"""`simulate --dp N`: N independent engine replicas behind a round-robin front end, merged into one run in bench's
-terms (simulator/api.py: `replica_step`, `route_workload`, `run_replicas`)."""
+"""`simulate --dp N`: N engine replicas behind a round-robin front end, merged into one run in bench's terms
+(simulator/api.py: `replica_step`, `route_workload`, `run_replicas`): independent, or, with --ep, stepping together
+(`engine.run_lockstep`, `core.lockstep_step_seconds`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator.api import step_model
 from speedlimit.simulator.api import (build_workload, engine_config, replica_step, route_workload, run_replicas,
                                       run_workload)
+from speedlimit.estimator import core
+from speedlimit.simulator.engine import replica, run, run_lockstep
 
 FIXED = dict(prompt_tokens=256, output_tokens=32, engine="vllm", max_seqs=8)
 
@@ -33,11 +36,93 @@ def test_a_replica_is_one_tp_group_with_the_dp_1_kv_cache_and_step_costs():
     assert replica_step(one) == (one, 1)
 
 
-def test_dp_with_ep_is_refused_in_one_line():
+def test_replicas_that_share_experts_keep_the_group_and_their_own_kv_share():
+    """--dp with --ep: the step model keeps dp and ep (the lockstep price needs them); each replica's KV cache is what
+    its devices hold beside its dense weights and its 1/dp share of the experts."""
     step = step_model("mixtral-8x7b", "h200", dp=2, ep=2)
-    with pytest.raises(SpeedlimitError, match="expert-parallel group") as error:
-        engine_config(step=step)
+    kept, replicas = replica_step(step)
+    assert replicas == 2 and kept is step
+    assert engine_config(step=step).kv_capacity_tokens > engine_config(step=step_model("mixtral-8x7b", "h200")).kv_capacity_tokens
+    with pytest.raises(SpeedlimitError, match="--pp") as error:
+        replica_step(step_model("mixtral-8x7b", "h200", dp=2, ep=2, pp=2))
     assert "\n" not in str(error.value)
+
+
+def _loads(workload, replicas):
+    return [dict(prompts=s.prompts, outputs=s.outputs, arrivals=s.arrivals, concurrency=s.concurrency,
+                 requests=s.requests, duration_s=s.duration_s) for s in route_workload(workload, replicas)]
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_one_lockstep_replica_is_exactly_the_engine(closed):
+    """A group of one: every step priced by the lockstep rule equals `core.step_seconds`, so the run is `run`'s."""
+    step = step_model("mixtral-8x7b", "h200", engine="vllm")
+    engine = engine_config(step=step, max_seqs=4)
+    workload = build_workload(concurrency=3 if closed else None, rate=None if closed else 40.0, requests=17, seed=3)
+    workload.prompts, workload.outputs = [900, 40, 3000, 7], [5, 60, 2, 30]
+    load = _loads(workload, 1)[0]
+    assert run_lockstep(step.cost, step.machine, engine, [load])[0] == run(step.cost, step.machine, engine, **load)
+
+
+def test_symmetric_replicas_step_as_the_whole_group():
+    """Identical closed loops on every replica: each lockstep step is the estimate's step of the whole group (one
+    replica's batch times dp, priced by `core.step_seconds`, which spreads it evenly over the replicas)."""
+    step = step_model("mixtral-8x7b", "h200", dp=4, ep=4, engine="vllm")
+    engine = engine_config(step=step, max_seqs=8, max_batched_tokens=1024)
+    workload = build_workload(concurrency=12, requests=48, seed=1, prompt_tokens=700, output_tokens=24)
+    loads = _loads(workload, 4)
+    raws = run_lockstep(step.cost, step.machine, engine, loads)
+    assert all(raw.end_times == raws[0].end_times for raw in raws)
+    loop = replica(step.cost, engine, **loads[0])
+    try:
+        request = next(loop)
+        while True:
+            request = loop.send(core.step_seconds(step.cost, step.machine, core.StepBatch(*(4 * v for v in request))))
+    except StopIteration as stop:
+        whole_group = stop.value
+    assert len(set(whole_group.step_prefill)) > 2  # chunked prefills and decodes of several sizes
+    assert raws[0].end_times == pytest.approx(whole_group.end_times, rel=1e-12)
+
+
+def test_a_prefill_on_one_replica_stalls_the_decodes_of_the_others():
+    """SGLang's DP attention: a long prompt prefilling on replica 1 holds up replica 0's decoders for that whole step,
+    which independent replicas never do."""
+    arrivals = [0.0, 0.05]
+    lengths = dict(prompts=[16, 8192], outputs=[64, 2])
+    coupled_step = step_model("mixtral-8x7b", "h200", dp=2, ep=2, engine="sglang")
+    alone_step = step_model("mixtral-8x7b", "h200", dp=2, engine="sglang")
+    results = {}
+    for name, step in (("coupled", coupled_step), ("independent", alone_step)):
+        engine = engine_config(step=step)
+        workload = build_workload(rate=1.0, requests=2, seed=0)
+        workload.arrivals, workload.prompts, workload.outputs = arrivals, lengths["prompts"], lengths["outputs"]
+        results[name] = run_workload(step, engine, workload).records
+    decoder_coupled, prompt_coupled = results["coupled"]
+    decoder_alone, _ = results["independent"]
+    assert max(decoder_alone.itl_s) < 0.05
+    assert max(decoder_coupled.itl_s) >= 0.9 * prompt_coupled.ttft_s > 5 * max(decoder_alone.itl_s)
+    assert decoder_coupled.e2e_s > decoder_alone.e2e_s
+
+
+def test_a_replica_waits_out_the_step_in_flight():
+    """A request reaching an idle replica while another replica's step runs starts at that step's end."""
+    step = step_model("mixtral-8x7b", "h200", dp=2, ep=2, engine="sglang")
+    engine = engine_config(step=step)
+    workload = build_workload(rate=1.0, requests=2, seed=0)
+    workload.arrivals, workload.prompts, workload.outputs = [0.0, 0.01], [16384, 16], [2, 2]
+    raws = run_lockstep(step.cost, step.machine, engine, _loads(workload, 2))
+    first_step_end = raws[0].end_times[0]
+    assert first_step_end > 0.01  # the long prefill was still running when the second request arrived
+    assert raws[1].scheduled[0] == pytest.approx(first_step_end) and raws[1].idle_s == pytest.approx(first_step_end)
+
+
+def test_cli_simulates_expert_sharing_replicas():
+    done = CliRunner().invoke(app, ["simulate", "-m", "mixtral-8x7b", "-H", "h200", "--dp", "2", "--ep", "2",
+                                    "--concurrency", "4", "--requests", "8", "--json"])
+    assert done.exit_code == 0, done.output
+    data = json.loads(done.output)
+    assert data["simulation"]["replicas"] == 2 and data["engine"]["dp"] == 2 and data["completed"] == 8
+    # with --pp too it is a one-line refusal (tests/estimator/test_parallel.py runs it as the console command)
 
 
 def test_closed_loop_at_n_times_c_is_n_copies_of_one_engine_at_c():

@@ -242,13 +242,15 @@ def expected_experts_read(n_experts, experts_per_token, tokens):
     return np.where(n_experts > 0, n_experts * (1.0 - miss), 0.0)
 
 
-def weights_read_bytes(cost: CostModel, tokens, moe_group=1.0):
+def weights_read_bytes(cost: CostModel, tokens, moe_group=1.0, moe_busy=None):
     """Weight bytes one forward pass over ``tokens`` tokens streams from memory.
 
     ``moe_group``: replicas whose tokens meet in the MoE layers (`moe_group`); this replica's devices read their
-    1/moe_group share of the experts the whole group's tokens touch.
+    1/moe_group share of the experts the whole group's tokens touch, ``tokens`` from each of ``moe_busy`` replicas
+    (default: all of them; fewer when some replicas have no sequence).
     """
-    experts = expected_experts_read(cost.n_experts, cost.experts_per_token, tokens * moe_group) / moe_group
+    busy = moe_group if moe_busy is None else moe_busy
+    experts = expected_experts_read(cost.n_experts, cost.experts_per_token, tokens * busy) / moe_group
     return cost.head_bytes + cost.dense_bytes + experts * cost.expert_bytes + tokens * cost.embedding_row_bytes
 
 
@@ -288,12 +290,13 @@ def prefill_batch(cost: CostModel, batch, tokens, cached=0.0) -> StepBatch:
     )
 
 
-def step_bytes(cost: CostModel, step: StepBatch, moe_group=1.0):
-    """Bytes one step streams from memory: weights once, KV caches, activations (``moe_group``: `weights_read_bytes`)."""
+def step_bytes(cost: CostModel, step: StepBatch, moe_group=1.0, moe_busy=None):
+    """Bytes one step streams from memory: weights once, KV caches, activations (``moe_group``, ``moe_busy``:
+    `weights_read_bytes`)."""
     kv = (cost.kv_bytes_per_token_global * (step.decode_context + step.prefill_context)
           + cost.kv_bytes_per_token_local * (step.decode_context_local + step.prefill_context_local))
     tokens = step.decode_sequences + step.prefill_tokens
-    return weights_read_bytes(cost, tokens, moe_group) + kv + tokens * cost.activation_bytes_per_token
+    return weights_read_bytes(cost, tokens, moe_group, moe_busy) + kv + tokens * cost.activation_bytes_per_token
 
 
 def step_flops(cost: CostModel, step: StepBatch):
@@ -327,18 +330,23 @@ def gemm_factor(machine: Machine, tokens):
     return f0 + (f1 - f0) * np.clip(w, 0.0, 1.0)
 
 
-def priced_flops(cost: CostModel, machine: Machine, step: StepBatch):
-    """A step's FLOPs weighted by the engine's kernel rates: what `Machine.flops` must execute in the step's time."""
+def priced_flops(cost: CostModel, machine: Machine, step: StepBatch, expert_share=1.0):
+    """A step's FLOPs weighted by the engine's kernel rates: what `Machine.flops` must execute in the step's time.
+
+    ``expert_share``: the routed experts' FLOPs this replica's devices compute, as a multiple of its own tokens'
+    (under expert parallelism they compute their share of every busy replica's tokens: busy / dp)."""
     tokens = step.decode_sequences + step.prefill_tokens
     gemm = gemm_factor(machine, tokens)
     priced = step_matmul_flops(cost, step) / gemm + step_attention_flops(cost, step) / machine.attention_factor
     moe = machine.moe_factor
-    if _scalar(moe) and math.isnan(moe):  # no fused-MoE rate of its own: the experts ride the GEMM curve
-        return priced
     expert = tokens * cost.expert_matmul_flops_per_token  # each token multiplies its k experts once
+    if _scalar(moe) and math.isnan(moe):  # no fused-MoE rate of its own: the experts ride the GEMM curve
+        if _scalar(expert_share) and expert_share == 1.0:
+            return priced
+        return priced + (expert_share - 1.0) * expert / gemm
     with np.errstate(invalid="ignore"):
         moe = np.where(np.isnan(moe), gemm, moe) if not _scalar(moe) else moe
-        return priced + expert / moe - expert / gemm
+        return priced + expert * expert_share / moe - expert / gemm
 
 
 def decode_bytes(cost: CostModel, batch, context):
@@ -425,6 +433,11 @@ def moe_group(machine: Machine):
     return _where(machine.ep > 1, machine.dp, 1.0)
 
 
+def moe_busy(machine: Machine, sequences):
+    """Of the `moe_group`, the replicas that bring tokens to a step of ``sequences`` sequences (`busy_replicas`)."""
+    return _where(machine.ep > 1, busy_replicas(machine, sequences), 1.0)
+
+
 def pipeline_imbalance(cost: CostModel, machine: Machine):
     """The largest stage's layers × pp ÷ layers (1 when pp divides the layers, or the layer count is unknown)."""
     layers, pp = cost.layers, machine.pp
@@ -491,13 +504,51 @@ def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
     return pipeline_cycle_seconds(cost, machine, micro_s, send_s, count)
 
 
+def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
+    """Wall time of one step of ``machine.dp`` replicas that share their routed experts (``ep`` > 1) and so step
+    together, each running its own batch: ``steps``, one `StepBatch` per replica with work (scalars; pp = 1).
+
+    A lockstep step lasts as long as its slowest replica's. Each replica is priced as `step_seconds` prices one
+    replica's share of a symmetric step, except that its share of the routed experts comes from every replica's
+    tokens: the experts read are the expected union over all the tokens, 1/dp of them per replica, and the experts'
+    FLOPs are all the tokens' over dp replicas, at the rate of a GEMM of the mean tokens per working replica (its own
+    batch prices its attention, dense weights, KV and communication). With every working replica running the same
+    batch this is exactly `step_seconds` of the whole group. A replica without work waits the step out (its empty forward, which
+    joins the MoE collectives, is never the slowest)."""
+    dp = float(machine.dp)
+    if not steps:
+        raise ValueError("a lockstep step needs at least one replica with work")
+    group_tokens = 0.0
+    for step in steps:
+        group_tokens += step.decode_sequences + step.prefill_tokens
+    per_replica = group_tokens / dp  # the experts' tokens each replica's devices multiply
+    per_working = group_tokens / len(steps)  # the GEMM size that prices them (a busy replica's tokens, as step_seconds)
+    group_expert_bytes = expected_experts_read(cost.n_experts, cost.experts_per_token, group_tokens) * cost.expert_bytes / dp
+    moe = machine.moe_factor
+
+    def expert_rate(tokens):  # what priced_flops divides the routed experts' FLOPs by at this many tokens
+        return gemm_factor(machine, tokens) if math.isnan(moe) else moe
+
+    group_expert_flops = per_replica * cost.expert_matmul_flops_per_token / expert_rate(per_working)
+    slowest = 0.0
+    for step in steps:
+        tokens = step.decode_sequences + step.prefill_tokens
+        own_expert_bytes = expected_experts_read(cost.n_experts, cost.experts_per_token, tokens) * cost.expert_bytes
+        own_expert_flops = tokens * cost.expert_matmul_flops_per_token / expert_rate(tokens)
+        bytes_read = step_bytes(cost, step) - own_expert_bytes + group_expert_bytes
+        flops = priced_flops(cost, machine, step) - own_expert_flops + group_expert_flops
+        comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
+        slowest = max(slowest, step_time(bytes_read, flops, machine, comm_s, step.sequences))
+    return slowest
+
+
 def micro_step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
     """(one micro-batch through the whole model, its stage sends, micro-batches per replica) for ``step``."""
     micro, count = micro_step(machine, step)
     tokens = micro.decode_sequences + micro.prefill_tokens
     comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
-    micro_s = step_time(step_bytes(cost, micro, moe_group(machine)), priced_flops(cost, machine, micro), machine,
-                        comm_s, micro.decode_sequences + micro.prefill_sequences)
+    bytes_read, flops = _replica_work(cost, machine, micro, step.sequences)
+    micro_s = step_time(bytes_read, flops, machine, comm_s, micro.decode_sequences + micro.prefill_sequences)
     return micro_s, pipeline_send_seconds(cost, machine, tokens), count
 
 
@@ -515,7 +566,14 @@ def step_roofline(cost: CostModel, machine: Machine, step: StepBatch):
     """(memory time, compute time) of the micro-batch one replica's pipeline runs for ``step`` (the whole step
     when pp = dp = 1): which roof binds."""
     micro, _ = micro_step(machine, step)
-    return roofline_seconds(step_bytes(cost, micro, moe_group(machine)), priced_flops(cost, machine, micro), machine)
+    return roofline_seconds(*_replica_work(cost, machine, micro, step.sequences), machine)
+
+
+def _replica_work(cost: CostModel, machine: Machine, micro: StepBatch, sequences):
+    """(bytes read, priced FLOPs) of one busy replica's micro-batch in a step of ``sequences`` sequences: under expert
+    parallelism its devices read and compute their 1/dp share of the experts all the busy replicas' tokens touch."""
+    group, busy = moe_group(machine), moe_busy(machine, sequences)
+    return step_bytes(cost, micro, group, busy), priced_flops(cost, machine, micro, busy / group)
 
 
 def parallel_step_work(cost: CostModel, machine: Machine, step: StepBatch):
@@ -523,7 +581,7 @@ def parallel_step_work(cost: CostModel, machine: Machine, step: StepBatch):
     when pp = dp = 1)."""
     micro, count = micro_step(machine, step)
     share = busy_replicas(machine, step.sequences) * count
-    return step_bytes(cost, micro, moe_group(machine)) * share, step_flops(cost, micro) * share
+    return step_bytes(cost, micro, moe_group(machine), moe_busy(machine, step.sequences)) * share, step_flops(cost, micro) * share
 
 
 def decode_step_seconds(cost: CostModel, machine: Machine, batch, context):

@@ -11,7 +11,9 @@ turns before them; with the engine's prefix caching on, the engine reuses them.
 Data parallelism (``--dp N``, `run_replicas`): N independent replicas of the engine, each one tp (× pp) devices with
 its own scheduler, queue and KV cache (`replica_step`), behind a front end that deals requests round-robin
 (`ROUTING`, `route_workload`); each replica's share runs through the engine core on its own, and the replicas' records
-merge into one run (one summary, and the simulation block's per-replica figures). ``--dp`` with ``--ep`` is refused.
+merge into one run (one summary, and the simulation block's per-replica figures). With ``--ep`` too the replicas share
+their routed experts and step together (`coupled`, `engine.run_lockstep`): each still schedules its own batch, and a
+step lasts as long as the slowest replica's (SGLang's DP attention, vLLM's DP + EP).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.engine_profile import EngineProfile
 from speedlimit.estimator.api import StepModel, step_model
-from speedlimit.simulator.engine import EngineConfig, RawRun, run
+from speedlimit.simulator.engine import EngineConfig, RawRun, run, run_lockstep
 
 #: Defaults per engine mode: vLLM's online-serving scheduler (256 sequences, 8,192 tokens per step, chunked
 #: prefill) and llama-cpp-python's server (one request at a time, prompts evaluated in n_batch = 512-token calls).
@@ -117,22 +119,32 @@ def _length_spec(value: Any, what: str) -> LengthSpec:
 
 
 def replica_step(step: StepModel) -> tuple[StepModel, int]:
-    """(one data-parallel replica's step model, the replicas): a replica is tp (× pp) devices with the whole model,
-    its own scheduler, queue and KV cache, so its step costs and KV capacity are the dp = 1 ones (`core.Machine.dp`
-    spreads a step over replicas in lockstep; the simulator runs each replica's own steps instead).
+    """(one data-parallel replica's step model, the replicas): a replica is tp (× pp) devices with its own
+    scheduler, queue and KV cache. Independent replicas (no --ep) each hold the whole model, so their step costs and
+    KV capacity are the dp = 1 ones (`core.Machine.dp` spreads a step over replicas in lockstep; the simulator runs
+    each replica's own steps instead).
 
     With --ep the MoE layers of all the replicas form one expert-parallel group that every forward pass synchronizes
     ("expert layers across all ranks are required to synchronize during every forward pass",
-    https://docs.vllm.ai/en/latest/serving/data_parallel_deployment/): the replicas' steps are coupled, which the
-    independent replicas here do not model, so --dp > 1 with --ep > 1 is refused."""
+    https://docs.vllm.ai/en/latest/serving/data_parallel_deployment/; SGLang's DP attention likewise: "each rank
+    schedules attention work locally while all ranks still participate in the same MoE collective",
+    https://github.com/sgl-project/sglang/pull/35017): the replicas are coupled (`coupled`), and the step model keeps
+    the whole group (dp and ep), whose per-replica KV budget already counts only the replica's share of the
+    experts; `run_lockstep` steps them together."""
     replicas = int(step.machine.dp)
-    if replicas == 1:
-        return step, 1
-    if step.machine.ep > 1:
-        raise SpeedlimitError(f"--dp {replicas} with --ep {int(step.machine.ep)}: the replicas' MoE layers meet in one "
-                              "expert-parallel group every step, which simulate does not model (it runs independent "
-                              "replicas); drop --ep, or simulate one replica (the estimate prices the EP group)")
+    if replicas == 1 or coupled(step):
+        return step, replicas
     return step._replace(machine=step.machine._replace(dp=1.0)), replicas
+
+
+def coupled(step: StepModel) -> bool:
+    """Whether the data-parallel replicas share their routed experts (--dp with --ep) and so step together."""
+    machine = step.machine
+    if machine.dp > 1 and machine.ep > 1 and machine.pp > 1:
+        raise SpeedlimitError(f"--dp {int(machine.dp)} with --ep {int(machine.ep)} and --pp {int(machine.pp)}: simulate "
+                              "steps expert-sharing replicas together only without pipeline stages; drop --pp, or "
+                              "use estimate (it prices the whole layout)")
+    return machine.dp > 1 and machine.ep > 1
 
 
 def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_batched_tokens: int | None = None,
@@ -430,8 +442,12 @@ def saturation_point(step: StepModel, engine: EngineConfig, workload: Workload,
     slots = engine.slots
     low, high = SATURATION_REQUESTS
     n = int(min(high, max(low, 6 * slots))) if requests is None else _whole("requests", requests, 1, MAX_REQUESTS)
-    raw = run(step.cost, step.machine, engine, workload.prompts, workload.outputs, concurrency=slots, requests=n,
-              **workload.prefix_args())
+    load = dict(prompts=workload.prompts, outputs=workload.outputs, concurrency=slots, requests=n,
+                **workload.prefix_args())
+    if coupled(step):  # every replica saturated, stepping together: replica 0's rate stands for each
+        raw = run_lockstep(step.cost, step.machine, engine, [load] * replicas)[0]
+    else:
+        raw = run(step.cost, step.machine, engine, **load)
     ends = sorted(raw.end_times[s] for s in raw.last_step)
     a, b = int(0.2 * len(ends)), int(0.8 * len(ends)) - 1
     if b <= a or ends[b] <= ends[a]:
@@ -578,8 +594,9 @@ def route_workload(workload: Workload, replicas: int) -> list[Workload]:
 
 def run_replicas(step: StepModel, engine: EngineConfig, workload: Workload, slo: dict[str, float] | None = None,
                  *, saturation: dict[str, float] | None = None, timeline_points: int = TIMELINE_POINTS) -> Simulation:
-    """``workload`` on ``step.machine.dp`` data-parallel replicas of ``engine`` (`route_workload`), each an independent
-    run of the engine core on one replica's step model (`replica_step`), merged into one run in bench's terms: the
+    """``workload`` on ``step.machine.dp`` data-parallel replicas of ``engine`` (`route_workload`), each a run of the
+    engine core on one replica's step model (`replica_step`; independent runs, or stepped together when the replicas
+    share their experts: `coupled`), merged into one run in bench's terms: the
     records of every replica (request index: the request's rank in routing order, j·B + r for replica r's j-th;
     times from the common start), one summary over them, and a simulation block with per-replica figures."""
     one, replicas = replica_step(step)
@@ -587,9 +604,13 @@ def run_replicas(step: StepModel, engine: EngineConfig, workload: Workload, slo:
     collecting = gc.isenabled()
     gc.disable()  # as run_workload: the runs' containers all live to the end
     try:
-        raws = [run(one.cost, one.machine, engine, share.prompts, share.outputs, arrivals=share.arrivals,
-                    concurrency=share.concurrency, requests=share.requests, duration_s=share.duration_s,
-                    **share.prefix_args()) for share in shares]
+        loads = [dict(prompts=share.prompts, outputs=share.outputs, arrivals=share.arrivals,
+                      concurrency=share.concurrency, requests=share.requests, duration_s=share.duration_s,
+                      **share.prefix_args()) for share in shares]
+        if coupled(step):
+            raws = run_lockstep(one.cost, one.machine, engine, loads)
+        else:
+            raws = [run(one.cost, one.machine, engine, **load) for load in loads]
         busy = len(raws)
         routed = sorted(j * busy + r for r, raw in enumerate(raws) for j in range(raw.n))
         rank = {g: k for k, g in enumerate(routed)} if routed[-1] != len(routed) - 1 else None  # gaps: renumber

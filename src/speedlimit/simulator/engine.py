@@ -1,7 +1,9 @@
 """The pure core of `speedlimit simulate`: a discrete-event simulation of a serving engine's scheduler, step by step.
 
 No I/O and no pydantic objects in the loop: requests are plain Python lists indexed by request id, a step is a few
-running sums, and every step's duration comes from the one step-cost model (`estimator.core.step_seconds`).
+running sums, and every step's duration comes from the one step-cost model: a replica (`replica`) is a generator that
+yields each step's running sums to its driver, which prices them (`run`: `estimator.core.step_seconds`; `run_lockstep`,
+replicas that share their routed experts and so step together: `estimator.core.lockstep_step_seconds`).
 
 The engine (vLLM-v1-like, and llama.cpp's server with ``--parallel N``):
 
@@ -167,11 +169,65 @@ def _blocks(tokens: int, block: int) -> int:
     return -(-tokens // block)
 
 
-def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, prompts: list[int], outputs: list[int], *,
-        arrivals: list[float] | None = None, concurrency: int | None = None, requests: int | None = None,
-        duration_s: float | None = None, prefix_group: list[int] | None = None,
-        shared_tokens: list[int] | None = None, group_parent: dict[int, tuple[int, int]] | None = None) -> RawRun:
-    """Simulate the engine serving a workload; returns per-request and per-step facts (no summaries).
+def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, prompts: list[int], outputs: list[int],
+        **workload) -> RawRun:
+    """Simulate the engine serving a workload (`replica`'s arguments); returns per-request and per-step facts (no
+    summaries). Every step is priced by `core.step_seconds`."""
+    loop = replica(cost, engine, prompts, outputs, **workload)
+    step_seconds = core.step_seconds
+    StepBatch = core.StepBatch
+    try:
+        request = next(loop)
+        while True:
+            request = loop.send(step_seconds(cost, machine, request) if request.__class__ is StepBatch else request)
+    except StopIteration as stop:
+        return stop.value
+
+
+def run_lockstep(cost: core.CostModel, machine: core.Machine, engine: EngineConfig,
+                 shares: list[dict]) -> list[RawRun]:
+    """Simulate ``machine.dp`` replicas that step together (`core.lockstep_step_seconds`: they share their routed
+    experts, so every forward pass meets in one collective): ``shares`` holds each replica's workload as `replica`'s
+    keyword arguments (``prompts``, ``outputs`` and the load). Each replica schedules its own batch with its own
+    queue and KV cache; a step lasts as long as the slowest replica's, and a replica with nothing to run waits it
+    out. Returns each replica's run, its times on the common clock."""
+    loops = [replica(cost, engine, **share) for share in shares]
+    pending: list = [next(loop) for loop in loops]  # per replica: its next StepBatch, a wake-up time, or None (done)
+    runs: list[RawRun | None] = [None] * len(loops)
+    StepBatch = core.StepBatch
+    now = 0.0
+
+    def resume(r: int, value: float) -> None:
+        try:
+            pending[r] = loops[r].send(value)
+        except StopIteration as stop:
+            pending[r], runs[r] = None, stop.value
+
+    while any(p is not None for p in pending):
+        working = [r for r, p in enumerate(pending) if p is not None and p.__class__ is StepBatch]
+        if working:
+            dt = core.lockstep_step_seconds(cost, machine, [pending[r] for r in working])
+            now += dt
+            for r in working:
+                resume(r, dt)
+            for r, p in enumerate(pending):  # the replicas that waited: those whose next request arrived wake up
+                if p is not None and p.__class__ is not StepBatch and p <= now:
+                    resume(r, now)
+        else:  # every replica waits for its next request: the clock jumps to the first
+            now = max(now, min(p for p in pending if p is not None))
+            for r, p in enumerate(pending):
+                if p is not None and p <= now:
+                    resume(r, now)
+    return runs  # type: ignore[return-value]
+
+
+def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outputs: list[int], *,
+            arrivals: list[float] | None = None, concurrency: int | None = None, requests: int | None = None,
+            duration_s: float | None = None, prefix_group: list[int] | None = None,
+            shared_tokens: list[int] | None = None, group_parent: dict[int, tuple[int, int]] | None = None):
+    """One engine replica serving a workload, as a generator its driver (`run`, `run_lockstep`) prices: it yields
+    each step's `core.StepBatch` and is sent the step's duration, or, idle in an open loop, yields the time of its next
+    request and is sent the clock's time when it resumes (that time or later); it returns its `RawRun`.
 
     Open loop: ``arrivals`` (seconds, non-decreasing), request i has ``prompts[i]``/``outputs[i]``; with
     ``duration_s`` only arrivals before it are sent. Closed loop: ``concurrency`` clients each send the next request
@@ -322,7 +378,6 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     now = 0.0
     idle_s = 0.0
     step = 0
-    step_seconds = core.step_seconds
     StepBatch = core.StepBatch
     causal = core.causal_pairs
     inf = math.inf
@@ -508,8 +563,9 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
                 issued += 1
         if not running and not waiting:
             if not closed and next_arrival < limit:
-                idle_s += arrivals[next_arrival] - now
-                now = arrivals[next_arrival]
+                woke = yield arrivals[next_arrival]
+                idle_s += woke - now
+                now = woke
                 continue
             break
         s = step
@@ -626,7 +682,7 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
         batch = StepBatch(n_dec, float(sum_ctx) if n_dec else 0.0,
                           (sum_local if windowed else float(sum_ctx)) if n_dec else 0.0,
                           pf_seqs, pf_tokens, pf_ctx, pf_local, pf_pairs, pf_pairs_local)
-        dt = step_seconds(cost, machine, batch)
+        dt = yield batch
         now += dt
         end_times.append(now)
         step_s_list.append(dt)
