@@ -226,9 +226,16 @@ def test_whole_prompt_engine_profile_serves_every_request(client):
             assert ours[key] == theirs[metric][quantile], key
 
 
-def test_data_parallel_replicas_with_expert_parallelism_are_one_line_422(client):
-    """dp alone runs (the levels above); dp with ep couples the replicas' steps, which simulate refuses."""
+def test_data_parallel_replicas_with_expert_parallelism_step_together(client):
+    """dp with ep couples the replicas' steps (they share their experts): the sweep runs, and its figures are the
+    CLI's for the command it gives."""
     response = _post(client, model="mixtral-8x7b", dp=2, ep=2)
-    assert response.status_code == 422, response.text
-    detail = response.json()["detail"]
-    assert "expert-parallel group" in detail and "\n" not in detail
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert "--dp 2" in data["command"] and "--ep 2" in data["command"]
+    cli = _cli_sweep(data["command"])
+    for ours, theirs in zip(data["points"], cli["points"]):
+        for key, (metric, quantile) in POINT_KEYS.items():
+            assert ours[key] == theirs[metric][quantile], key
+
+

@@ -8,7 +8,7 @@ is the one bench uses. Shared prefixes are bench's too: ``--prefix-tokens`` star
 ``--prefix-groups`` seeded texts (prompt i gets text i mod groups), and a dataset conversation's turns each repeat the
 turns before them; with the engine's prefix caching on, the engine reuses them.
 
-Data parallelism (``--dp N``, `run_replicas`): N independent replicas of the engine, each one tp (× pp) devices with
+Data parallelism (``--dp N``, `run_replicas`): N replicas of the engine, each one tp (× pp) devices with
 its own scheduler, queue and KV cache (`replica_step`), behind a front end that deals requests round-robin
 (`ROUTING`, `route_workload`); each replica's share runs through the engine core on its own, and the replicas' records
 merge into one run (one summary, and the simulation block's per-replica figures). With ``--ep`` too the replicas share
@@ -732,8 +732,8 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv=None, compute=None, 
              prefix_groups: int = 1, prefix_caching: bool | None = None) -> Simulation:
     """Predict a serving engine under load, in bench's terms: records and a `RunSummary` (``source="simulate"``).
 
-    Model/hardware/precision/parallelism (tp, pp, ep; dp: independent replicas, `run_replicas`) as `estimate`; load and workload as `speedlimit bench` (closed loop with
-    ``concurrency`` or open loop with ``rate``; ``requests`` or ``duration_s``; bench's length distributions or a
+    Model/hardware/precision/parallelism (tp, pp, ep; dp: replicas, `run_replicas`, stepping together with ep) as
+    `estimate`; load and workload as `speedlimit bench` (closed loop with ``concurrency`` or open loop with ``rate``; ``requests`` or ``duration_s``; bench's length distributions or a
     dataset; ``seed``; ``prefix_tokens`` shared by every prompt, one text per ``prefix_groups``); the serving
     ``engine`` (a catalog/engines.toml profile: its step costs and scheduler defaults) and the scheduler's knobs
     (``prefix_caching`` too), which override the profile's; ``slo`` for goodput ("ttft=500ms,tpot=50ms").
