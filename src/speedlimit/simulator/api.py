@@ -733,8 +733,9 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv=None, compute=None, 
     """Predict a serving engine under load, in bench's terms: records and a `RunSummary` (``source="simulate"``).
 
     Model/hardware/precision/parallelism (tp, pp, ep; dp: replicas, `run_replicas`, stepping together with ep) as
-    `estimate`; load and workload as `speedlimit bench` (closed loop with ``concurrency`` or open loop with ``rate``; ``requests`` or ``duration_s``; bench's length distributions or a
-    dataset; ``seed``; ``prefix_tokens`` shared by every prompt, one text per ``prefix_groups``); the serving
+    `estimate`; load and workload as `speedlimit bench` (closed loop with ``concurrency`` or open loop with ``rate``;
+    ``requests`` or ``duration_s``; bench's length distributions or a dataset; ``seed``; ``prefix_tokens`` shared by
+    every prompt, one text per ``prefix_groups``); the serving
     ``engine`` (a catalog/engines.toml profile: its step costs and scheduler defaults) and the scheduler's knobs
     (``prefix_caching`` too), which override the profile's; ``slo`` for goodput ("ttft=500ms,tpot=50ms").
     """
