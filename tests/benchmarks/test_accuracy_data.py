@@ -129,7 +129,8 @@ def test_every_row_is_well_formed(record):
         flags = {"max_seqs": ("--max-num-seqs", "--max-running-requests", "--max_batch_size"),
                  "max_batched_tokens": ("--max-num-batched-tokens", "--chunked-prefill-size", "--max_num_tokens"),
                  "chunked_prefill": ("--enable-chunked-prefill", "--no-enable-chunked-prefill", "enable_chunked_prefill"),
-                 "kv": ("--kv-cache-dtype", "kv_cache_config")}
+                 "kv": ("--kv-cache-dtype", "kv_cache_config"),
+                 "dp_attention": ("--enable-dp-attention",)}
         if "vLLM 0.7." in record["notes"]:  # V0 with MLA: no chunked prefill, the step budget is --max-model-len (SOURCES.md)
             flags["max_batched_tokens"] += ("--max-model-len",)
         for key, value in score_module().parse_engine_args(record["engine_args"]):
@@ -253,6 +254,23 @@ def test_engine_args_parse_to_simulate_settings_and_reject_anything_else(score):
     assert recipes and all(dict(row.engine_args) == {"max_seqs": 1024, "max_batched_tokens": 32768} for row in recipes)
     trtllm = [row for row in rows.values() if "dstackai" in row.source and row.engine == "tensorrt-llm"]
     assert trtllm and all(dict(row.engine_args) == {"max_seqs": 512, "max_batched_tokens": 16384} for row in trtllm)
+    # every row whose server ran SGLang's --enable-dp-attention says so, and no other (SOURCES.md, fold D amendment 2)
+    dp_rows = {row.index for row in rows.values() if dict(row.engine_args).get("dp_attention")}
+    assert dp_rows and dp_rows == {row.index for row in rows.values() if "--enable-dp-attention" in row.notes}
+    assert {(rows[i].device, rows[i].engine) for i in dp_rows} == {("h200", "sglang")}
+
+
+def test_a_dp_attention_layout_is_attention_data_parallel_and_experts_over_every_gpu(score):
+    assert score.layout(8, (("dp_attention", True),)) == {"tp": 1, "dp": 8, "ep": 8}
+    assert score.layout(8, (("dp_attention", False), ("max_seqs", 4))) == {"tp": 8}
+    assert score.layout(1, (("dp_attention", True),)) == {"tp": 1}  # one GPU: nothing to spread
+    assert score.simulate_args((("dp_attention", True), ("max_seqs", 4))) == {"max_seqs": 4}
+    # the fold-D lines whose server ran it are priced in it: all three of SGLang PR #2643's (the batch-8 and
+    # batch-32 lines' notes say "as the batch-1 line", whose server command has the flag)
+    lines = score.load_engine_steps()
+    assert {line.source for line in lines if dict(line.engine_args).get("dp_attention")} == {
+        "https://github.com/sgl-project/sglang/pull/2643"}
+    assert sum(1 for line in lines if dict(line.engine_args).get("dp_attention")) == 3
 
 
 # --------------------------------------------------------------------------------------------

@@ -201,12 +201,14 @@ def test_fewer_requests_or_clients_than_replicas_leave_replicas_idle():
     assert [p["requests"] for p in sim["per_replica"]] == [2, 2, 1]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dp=st.integers(1, 4), closed=st.booleans(), load=st.integers(1, 9), requests=st.integers(1, 14),
        lengths=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 30)), min_size=1, max_size=5),
-       max_seqs=st.integers(1, 4), kv_tokens=st.sampled_from([None, 400, 2000]))
-def test_every_request_completes_exactly_once(dp, closed, load, requests, lengths, max_seqs, kv_tokens):
-    step = step_model("llama-3.1-8b", "h100-sxm", dp=dp)
+       max_seqs=st.integers(1, 4), kv_tokens=st.sampled_from([None, 400, 2000]), coupled=st.booleans())
+def test_every_request_completes_exactly_once(dp, closed, load, requests, lengths, max_seqs, kv_tokens, coupled):
+    """Independent replicas, or (``coupled``) replicas that share their experts and step together."""
+    step = (step_model("mixtral-8x7b", "h200", dp=dp, ep=dp) if coupled and dp > 1
+            else step_model("llama-3.1-8b", "h100-sxm", dp=dp))
     engine = engine_config("continuous", step=step, max_seqs=max_seqs, max_batched_tokens=512, kv_tokens=kv_tokens)
     workload = build_workload(concurrency=load if closed else None, rate=None if closed else 5.0 * load,
                               requests=requests, seed=load)
