@@ -122,6 +122,10 @@ def test_cli_simulates_expert_sharing_replicas():
     assert done.exit_code == 0, done.output
     data = json.loads(done.output)
     assert data["simulation"]["replicas"] == 2 and data["engine"]["dp"] == 2 and data["completed"] == 8
+    assert data["simulation"]["lockstep"] is True
+    table = CliRunner().invoke(app, ["simulate", "-m", "mixtral-8x7b", "-H", "h200", "--dp", "2", "--ep", "2",
+                                     "--requests", "8"], terminal_width=220)
+    assert table.exit_code == 0 and "step together" in table.output, table.output
     # with --pp too it is a one-line refusal (tests/estimator/test_parallel.py runs it as the console command)
 
 
@@ -232,6 +236,7 @@ def test_cli_json_shows_the_replicas():
     assert done.exit_code == 0, done.output
     data = json.loads(done.output)
     assert data["simulation"]["replicas"] == 2 and data["engine"]["dp"] == 2 and data["completed"] == 8
+    assert data["simulation"]["lockstep"] is False
     table = CliRunner().invoke(app, ["simulate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--dp", "2",
                                      "--requests", "8"], terminal_width=200)
     assert table.exit_code == 0 and "data-parallel replicas" in table.output, table.output

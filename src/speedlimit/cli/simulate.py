@@ -55,7 +55,8 @@ def simulation_table(summary: RunSummary) -> Table:
     if sim.get("replicas"):
         rows.insert(0, ("data-parallel replicas", f"{sim['replicas']:,}, {sim['routing']} routing "
                                                   f"({sim['replicas_with_requests']:,} got requests); batch, queue "
-                                                  "and KV per replica"))
+                                                  "and KV per replica" + ("; they share their experts and step "
+                                                  "together" if sim.get("lockstep") else "")))
     if sim.get("prefix_cache_hit_rate") is not None:
         rows.append(("prefix-cache hits", f"{sim['prefix_cache_hit_rate']:.1%} of prompt tokens (bench's server "
                                           "metric)"))

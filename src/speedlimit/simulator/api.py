@@ -627,14 +627,14 @@ def run_replicas(step: StepModel, engine: EngineConfig, workload: Workload, slo:
     if workload.arrivals is not None and saturation is None:
         saturation = saturation_point(step, engine, workload)
     blocks = [_simulation_block(raw, engine, share, None, timeline_points) for raw, share in zip(raws, shares)]
-    info = _saturation_fields(_replicas_block(blocks, raws, engine, replicas), workload, saturation)
+    info = _saturation_fields(_replicas_block(blocks, raws, engine, replicas, coupled(step)), workload, saturation)
     summary = summarize(records, last - first, slo or {}, source="simulate", offered_load=workload.load_info(),
                         engine=_engine_block(step, engine, workload), simulation=info)
     return Simulation(summary, records, raws[0], raws)
 
 
 def _replicas_block(blocks: list[dict[str, Any]], raws: list[RawRun], engine: EngineConfig,
-                    replicas: int) -> dict[str, Any]:
+                    replicas: int, lockstep: bool = False) -> dict[str, Any]:
     """One simulation block for the replicas: batch, tokens per step, queue, requests in the system and KV use per
     replica (means of the busy replicas' means, maxima over them), steps and preemptions in all, request times
     averaged over every request, the timeline of replica 0; each busy replica's own figures in ``per_replica``."""
@@ -655,6 +655,7 @@ def _replicas_block(blocks: list[dict[str, Any]], raws: list[RawRun], engine: En
         "replicas": replicas,
         "replicas_with_requests": len(raws),
         "routing": ROUTING,
+        "lockstep": lockstep,  # the replicas share their experts (--ep) and step together
         "steps": sum(b["steps"] for b in blocks),
         "simulated_s": max(b["simulated_s"] for b in blocks),
         "idle_s": mean([b["idle_s"] for b in blocks]),
