@@ -112,6 +112,9 @@ class EngineProfile(BaseModel):
     # the fraction of the fp8 peak its fused-MoE kernel reaches on the routed experts' GEMMs (weights computing in
     # fp8), where a source times that kernel apart; None: the experts ride the GEMM curve
     fp8_moe_gemm_efficiency: Sourced | None = None
+    # the fraction of the spec memory bandwidth at which that kernel streams the routed experts' fp8 weights, where a
+    # source times it where the weight reads bound it; None: the experts' bytes at the device kind's bw_efficiency
+    fp8_moe_bandwidth_efficiency: Sourced | None = None
     # the peak-FLOPs column its GEMMs of f16 and dequantized low-bit weights run at, where a device lists one
     # (llama.cpp CUDA: "fp16_acc16", cuBLAS with fp16 accumulation); None: the weights' compute dtype
     half_gemm_dtype: Sourced | None = None
@@ -144,7 +147,7 @@ class EngineProfile(BaseModel):
             raise ValueError(f"must be true or false, got {field.value!r}")
         return field
 
-    @field_validator("kernel_fraction", "attention_efficiency", "fp8_moe_gemm_efficiency")
+    @field_validator("kernel_fraction", "attention_efficiency", "fp8_moe_gemm_efficiency", "fp8_moe_bandwidth_efficiency")
     @classmethod
     def _fraction(cls, field: Sourced | None) -> Sourced | None:
         if field is not None and (isinstance(field.value, bool) or not isinstance(field.value, (int, float))
@@ -240,6 +243,13 @@ class EngineProfile(BaseModel):
         of its own (the routed experts are priced on the GEMM curve)."""
         if compute_dtype == "fp8" and self.fp8_moe_gemm_efficiency is not None:
             return float(self.fp8_moe_gemm_efficiency.value)
+        return None
+
+    def moe_bandwidth_efficiency_for(self, compute_dtype: str | None) -> float | None:
+        """The fraction of the spec bandwidth the fused-MoE kernel streams the routed experts' weights at, for weights
+        that compute in ``compute_dtype``; None: no figure of its own (the device kind's bw_efficiency)."""
+        if compute_dtype == "fp8" and self.fp8_moe_bandwidth_efficiency is not None:
+            return float(self.fp8_moe_bandwidth_efficiency.value)
         return None
 
     def default_kv(self, weights_compute_dtype: str | None) -> str:

@@ -551,6 +551,10 @@ def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfil
     else:
         step_s = engine.step_overhead_s.value if engine.step_overhead_s else defaults.step_overhead_s
         kernel_s = engine.kernel_overhead_s.value if engine.kernel_overhead_s else defaults.kernel_overhead_s
+    moe_bandwidth = engine.moe_bandwidth_efficiency_for(weights_compute_dtype)
+    if moe_bandwidth is not None and scenario.bw_efficiency is None and not calibrated:
+        # the fused-MoE kernel streams the experts' weights at its own fraction of the spec bandwidth
+        terms["moe_bytes_factor"] = defaults.bw_efficiency / moe_bandwidth
     overridden = (scenario.bw_efficiency, scenario.flops_efficiency, scenario.step_overhead_s) != (None, None, None)
     basis = "overridden" if overridden else defaults.basis
     if terms or engine.step_overhead_s or engine.kernel_overhead_s:

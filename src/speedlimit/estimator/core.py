@@ -129,6 +129,9 @@ class Machine(NamedTuple):
     pp: float | np.ndarray = 1.0  # pipeline stages (tp devices each)
     dp: float | np.ndarray = 1.0  # data-parallel replicas (attention, KV cache and batch share each)
     ep: float | np.ndarray = 1.0  # expert-parallel devices: 1, or tp · dp (the routed experts split over all of them)
+    # the routed experts' bytes priced at this multiple of the others': an engine's fused-MoE kernel that streams the
+    # experts' weights at a smaller fraction of the spec bandwidth than `bandwidth_Bps`'s (bw_efficiency / its own)
+    moe_bytes_factor: float | np.ndarray = 1.0
 
 
 class StepBatch(NamedTuple):
@@ -249,9 +252,8 @@ def weights_read_bytes(cost: CostModel, tokens, moe_group=1.0, moe_busy=None):
     1/moe_group share of the experts the whole group's tokens touch, ``tokens`` from each of ``moe_busy`` replicas
     (default: all of them; fewer when some replicas have no sequence).
     """
-    busy = moe_group if moe_busy is None else moe_busy
-    experts = expected_experts_read(cost.n_experts, cost.experts_per_token, tokens * busy) / moe_group
-    return cost.head_bytes + cost.dense_bytes + experts * cost.expert_bytes + tokens * cost.embedding_row_bytes
+    return (cost.head_bytes + cost.dense_bytes + experts_read_bytes(cost, tokens, moe_group, moe_busy)
+            + tokens * cost.embedding_row_bytes)
 
 
 def kv_bytes_per_sequence(cost: CostModel, context):
@@ -297,6 +299,23 @@ def step_bytes(cost: CostModel, step: StepBatch, moe_group=1.0, moe_busy=None):
           + cost.kv_bytes_per_token_local * (step.decode_context_local + step.prefill_context_local))
     tokens = step.decode_sequences + step.prefill_tokens
     return weights_read_bytes(cost, tokens, moe_group, moe_busy) + kv + tokens * cost.activation_bytes_per_token
+
+
+def priced_bytes(cost: CostModel, machine: Machine, step: StepBatch, moe_group=1.0, moe_busy=None):
+    """A step's bytes weighted by the engine's kernel rates: what `Machine.bandwidth_Bps` must stream in the step's
+    time (`step_bytes`, with the routed experts' bytes at `Machine.moe_bytes_factor` times their count)."""
+    bytes_read = step_bytes(cost, step, moe_group, moe_busy)
+    factor = machine.moe_bytes_factor
+    if _scalar(factor) and factor == 1.0:
+        return bytes_read
+    return bytes_read + (factor - 1.0) * experts_read_bytes(cost, step.decode_sequences + step.prefill_tokens,
+                                                            moe_group, moe_busy)
+
+
+def experts_read_bytes(cost: CostModel, tokens, moe_group=1.0, moe_busy=None):
+    """The routed experts' part of `weights_read_bytes`."""
+    busy = moe_group if moe_busy is None else moe_busy
+    return expected_experts_read(cost.n_experts, cost.experts_per_token, tokens * busy) / moe_group * cost.expert_bytes
 
 
 def step_flops(cost: CostModel, step: StepBatch):
@@ -498,7 +517,7 @@ def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
         # one replica, one stage, no expert parallelism: the same price without the pipeline bookkeeping (the
         # simulator calls this once per step; tests check it equals the general path)
         tokens = step.decode_sequences + step.prefill_tokens
-        return step_time(step_bytes(cost, step), priced_flops(cost, machine, step), machine,
+        return step_time(priced_bytes(cost, machine, step), priced_flops(cost, machine, step), machine,
                          allreduce_seconds(cost, machine, tokens), step.decode_sequences + step.prefill_sequences)
     micro_s, send_s, count = micro_step_seconds(cost, machine, step)
     return pipeline_cycle_seconds(cost, machine, micro_s, send_s, count)
@@ -523,7 +542,8 @@ def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
         group_tokens += step.decode_sequences + step.prefill_tokens
     per_replica = group_tokens / dp  # the experts' tokens each replica's devices multiply
     per_working = group_tokens / len(steps)  # the GEMM size that prices them (a busy replica's tokens, as step_seconds)
-    group_expert_bytes = expected_experts_read(cost.n_experts, cost.experts_per_token, group_tokens) * cost.expert_bytes / dp
+    factor = machine.moe_bytes_factor
+    group_expert_bytes = experts_read_bytes(cost, group_tokens, dp, 1.0)
     moe = machine.moe_factor
 
     def expert_rate(tokens):  # what priced_flops divides the routed experts' FLOPs by at this many tokens
@@ -533,9 +553,9 @@ def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
     slowest = 0.0
     for step in steps:
         tokens = step.decode_sequences + step.prefill_tokens
-        own_expert_bytes = expected_experts_read(cost.n_experts, cost.experts_per_token, tokens) * cost.expert_bytes
+        own_expert_bytes = experts_read_bytes(cost, tokens)
         own_expert_flops = tokens * cost.expert_matmul_flops_per_token / expert_rate(tokens)
-        bytes_read = step_bytes(cost, step) - own_expert_bytes + group_expert_bytes
+        bytes_read = step_bytes(cost, step) - own_expert_bytes + factor * group_expert_bytes
         flops = priced_flops(cost, machine, step) - own_expert_flops + group_expert_flops
         comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
         slowest = max(slowest, step_time(bytes_read, flops, machine, comm_s, step.sequences))
@@ -573,7 +593,7 @@ def _replica_work(cost: CostModel, machine: Machine, micro: StepBatch, sequences
     """(bytes read, priced FLOPs) of one busy replica's micro-batch in a step of ``sequences`` sequences: under expert
     parallelism its devices read and compute their 1/dp share of the experts all the busy replicas' tokens touch."""
     group, busy = moe_group(machine), moe_busy(machine, sequences)
-    return step_bytes(cost, micro, group, busy), priced_flops(cost, machine, micro, busy / group)
+    return priced_bytes(cost, machine, micro, group, busy), priced_flops(cost, machine, micro, busy / group)
 
 
 def parallel_step_work(cost: CostModel, machine: Machine, step: StepBatch):
