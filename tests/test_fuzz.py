@@ -572,7 +572,7 @@ def test_wrong_config_values_are_refused(isolated: Path, change: dict, needle: s
         (["estimate", "-m", "mixtral-8x7b", "-H", "h100-sxm", "--ep", "4", "--tp", "2"], "--ep"),
         (["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--pp", "33"], "layers"),
         (["sweep", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--dp", "2", "--ideal"], "--dp"),
-        (["simulate", "-m", "mixtral-8x7b", "-H", "h100-sxm", "--dp", "2", "--ep", "2", "--requests", "4"], "--ep"),
+        (["simulate", "-m", "mixtral-8x7b", "-H", "h100-sxm", "--dp", "2", "--ep", "2", "--pp", "2", "--requests", "4"], "--pp"),
         (["sweep", "-m", "7B", "-H", "l4", "--output", "-10000"], "--output"),
         (["estimate", "-m", "7B", "--bandwidth", "1e-300", "--json"], "bandwidth"),
         (["estimate", "-m", "7B", "-H", "h100-sxm", "--weights", "0.001"], "bits"),

@@ -115,6 +115,8 @@ class EngineProfile(BaseModel):
     # the fraction of the spec memory bandwidth at which that kernel streams the routed experts' fp8 weights, where a
     # source times it where the weight reads bound it; None: the experts' bytes at the device kind's bw_efficiency
     fp8_moe_bandwidth_efficiency: Sourced | None = None
+    # ... in a step whose MoE layers see at least this many tokens (where the source measured it); None: every step
+    fp8_moe_bandwidth_tokens: Sourced | None = None
     # the peak-FLOPs column its GEMMs of f16 and dequantized low-bit weights run at, where a device lists one
     # (llama.cpp CUDA: "fp16_acc16", cuBLAS with fp16 accumulation); None: the weights' compute dtype
     half_gemm_dtype: Sourced | None = None
@@ -132,9 +134,11 @@ class EngineProfile(BaseModel):
             raise ValueError(f"mode must be continuous or serial, got {field.value!r}")
         return field
 
-    @field_validator("max_seqs", "max_batched_tokens")
+    @field_validator("max_seqs", "max_batched_tokens", "fp8_moe_bandwidth_tokens")
     @classmethod
-    def _count(cls, field: Sourced) -> Sourced:
+    def _count(cls, field: Sourced | None) -> Sourced | None:
+        if field is None:
+            return field
         for value in (field.value, field.large_memory_value):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"must be a whole number >= 1, got {value!r}")
@@ -245,11 +249,13 @@ class EngineProfile(BaseModel):
             return float(self.fp8_moe_gemm_efficiency.value)
         return None
 
-    def moe_bandwidth_efficiency_for(self, compute_dtype: str | None) -> float | None:
-        """The fraction of the spec bandwidth the fused-MoE kernel streams the routed experts' weights at, for weights
-        that compute in ``compute_dtype``; None: no figure of its own (the device kind's bw_efficiency)."""
+    def moe_bandwidth_efficiency_for(self, compute_dtype: str | None) -> tuple[float, float] | None:
+        """(the fraction of the spec bandwidth the fused-MoE kernel streams the routed experts' weights at, the fewest
+        tokens in the step's MoE layers it applies from) for weights that compute in ``compute_dtype``; None: no figure
+        of its own (the device kind's bw_efficiency)."""
         if compute_dtype == "fp8" and self.fp8_moe_bandwidth_efficiency is not None:
-            return float(self.fp8_moe_bandwidth_efficiency.value)
+            tokens = self.fp8_moe_bandwidth_tokens
+            return float(self.fp8_moe_bandwidth_efficiency.value), float(tokens.value) if tokens is not None else 0.0
         return None
 
     def default_kv(self, weights_compute_dtype: str | None) -> str:

@@ -477,6 +477,58 @@ def test_early_engines_price_the_routed_experts_at_their_fused_moe_rate(key: str
     assert math.isnan(step_model("deepseek-r1", "h200", weights="fp8", tp=8, engine=key, flops_efficiency=0.5).machine.moe_factor)
 
 
+@pytest.mark.parametrize("key", ["vllm-0.7", "sglang-0.4"])
+def test_early_engines_read_the_routed_experts_at_their_fused_moe_rate_from_128_tokens(key: str) -> None:
+    """The same kernel streams the experts' weights at 0.243 of the spec bandwidth where the source's table measured
+    it (engines.toml fp8_moe_bandwidth_efficiency, from 128 tokens in the MoE layers): those bytes are priced at
+    bw_efficiency / 0.243 times their count, the bytes reported stay the bytes read, and below 128 tokens nothing
+    changes."""
+    profile = catalog_engine(key)
+    early = step_model("deepseek-r1", "h200", weights="fp8", tp=8, engine=key)
+    rate, tokens = profile.moe_bandwidth_efficiency_for("fp8")
+    assert (rate, tokens) == (profile.fp8_moe_bandwidth_efficiency.value, profile.fp8_moe_bandwidth_tokens.value) == (0.243, 128)
+    bw_efficiency = early.machine.bandwidth_Bps / resolve_hardware("h200").memory_bandwidth_Bps
+    assert early.machine.moe_bytes_factor == pytest.approx(bw_efficiency / rate)
+    plain = early.machine._replace(moe_bytes_factor=1.0)
+    for batch, priced in ((127, False), (128, True), (512, True)):
+        step = core.decode_batch(early.cost, batch, 3000.0)
+        experts = core.experts_read_bytes(early.cost, float(batch))
+        extra = (early.machine.moe_bytes_factor - 1) * experts if priced else 0.0
+        assert core.priced_bytes(early.cost, early.machine, step) == pytest.approx(core.step_bytes(early.cost, step) + extra, rel=1e-12)
+        memory_s, _ = core.step_roofline(early.cost, early.machine, step)
+        plain_s, _ = core.step_roofline(early.cost, plain, step)
+        assert memory_s - plain_s == pytest.approx(extra / (8 * early.machine.bandwidth_Bps), rel=1e-9)
+    # reported bytes are the bytes read, whatever the rate
+    result = estimate("deepseek-r1", "h200", weights="fp8", tp=8, batch=256, prompt=3000, output=200, engine=key)
+    machine = step_model("deepseek-r1", "h200", weights="fp8", tp=8, engine=key).machine._replace(moe_bytes_factor=1.0)
+    assert result.itl_s > core.mean_decode_step_seconds(early.cost, machine, 256, 3000, 3200)
+    # only fp8 weights, only the profiles that state it, not under an explicit --bw-efficiency
+    late = {"vllm-0.7": "vllm", "sglang-0.4": "sglang"}[key]
+    assert step_model("deepseek-r1", "h200", weights="bf16", tp=8, engine=key).machine.moe_bytes_factor == 1.0
+    assert step_model("deepseek-r1", "h200", weights="fp8", tp=8, engine=late).machine.moe_bytes_factor == 1.0
+    assert step_model("deepseek-r1", "h200", weights="fp8", tp=8, engine=key, bw_efficiency=0.5).machine.moe_bytes_factor == 1.0
+
+
+def test_a_lockstep_step_prices_the_experts_reads_at_the_groups_tokens() -> None:
+    """Expert-sharing replicas: the MoE layers see every replica's tokens, so 16 replicas of 8 tokens (128 in all)
+    read the experts at the fused-MoE rate, as the estimate's symmetric step of the group does."""
+    step = step_model("deepseek-r1", "h200", weights="fp8", tp=1, dp=16, ep=16, engine="sglang-0.4")
+    one = core.decode_batch(step.cost, 8, 3000.0)
+    group = core.StepBatch(*(16 * v for v in one))
+    assert core.lockstep_step_seconds(step.cost, step.machine, [one] * 16) == pytest.approx(
+        core.step_seconds(step.cost, step.machine, group), rel=1e-12)
+    plain = step.machine._replace(moe_bytes_factor=1.0)
+    assert core.lockstep_step_seconds(step.cost, step.machine, [one] * 16) > core.lockstep_step_seconds(step.cost, plain, [one] * 16)
+    assert core.lockstep_step_seconds(step.cost, step.machine, [one] * 15) == core.lockstep_step_seconds(step.cost, plain, [one] * 15)
+
+
+def test_fused_moe_bandwidth_fields_are_checked() -> None:
+    base = dict(catalog_engine("sglang-0.4").model_dump())
+    for field, bad in (("fp8_moe_bandwidth_efficiency", 0.0), ("fp8_moe_bandwidth_tokens", 0), ("fp8_moe_bandwidth_tokens", 1.5)):
+        with pytest.raises(ValueError):
+            EngineProfile.model_validate({**base, field: {"value": bad, "source": "https://example.org/x"}})
+
+
 def test_fused_moe_efficiency_must_be_a_fraction() -> None:
     base = dict(catalog_engine("sglang-0.4").model_dump())
     base["fp8_moe_gemm_efficiency"] = {"value": 1.5, "source": "https://example.org/x"}

@@ -158,8 +158,10 @@ def _caption(result: Estimate) -> str:
                else f"{result.flops_efficiency:.0%} of peak FLOP/s")
     # the kernels' clause leads the basis; the caption names them already, so it shows the rest
     basis = result.efficiency_basis.split("; ", 1)[-1] if result.cpu_kernels else result.efficiency_basis
+    experts = (f" (the routed experts {result.moe_bandwidth_efficiency:.0%} from {result.moe_bandwidth_tokens:,.0f} tokens "
+               "a step: its fused-MoE kernel)" if result.moe_bandwidth_efficiency is not None else "")
     return (
-        f"achievable: {result.bw_efficiency:.0%} of peak bandwidth, {matmuls}, "
+        f"achievable: {result.bw_efficiency:.0%} of peak bandwidth{experts}, {matmuls}, "
         f"{format_seconds(result.step_overhead_s)} per step ({escape(_short(basis))})"
     )
 

@@ -88,6 +88,10 @@ class Estimate(Artifact):
     # the prefill kernel rate per thread at the busy cores, as a fraction of its measured rate (prefill_thread_scaling)
     prefill_thread_efficiency: float = 1.0
     sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
+    # the fraction of the peak bandwidth the engine's fused-MoE kernel reads the routed experts at, in steps whose MoE
+    # layers see at least moe_bandwidth_tokens tokens (None: the experts' bytes at bw_efficiency like the others)
+    moe_bandwidth_efficiency: float | None = None
+    moe_bandwidth_tokens: float | None = None
     # the bandwidth the estimate priced (before bw_efficiency) and why: a CPU's threads and NUMA policy
     reached_bandwidth_Bps: float | None = None  # what one process reaches (CPUs: <= bandwidth_Bps); None: the peak
     bandwidth_basis: str = ""
@@ -554,7 +558,8 @@ def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfil
     moe_bandwidth = engine.moe_bandwidth_efficiency_for(weights_compute_dtype)
     if moe_bandwidth is not None and scenario.bw_efficiency is None and not calibrated:
         # the fused-MoE kernel streams the experts' weights at its own fraction of the spec bandwidth
-        terms["moe_bytes_factor"] = defaults.bw_efficiency / moe_bandwidth
+        terms["moe_bytes_factor"] = defaults.bw_efficiency / moe_bandwidth[0]
+        terms["moe_bytes_tokens"] = moe_bandwidth[1]
     overridden = (scenario.bw_efficiency, scenario.flops_efficiency, scenario.step_overhead_s) != (None, None, None)
     basis = "overridden" if overridden else defaults.basis
     if terms or engine.step_overhead_s or engine.kernel_overhead_s:
@@ -729,6 +734,9 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         cpu_kernels=resolved.kernel_rate.tensor_type if resolved.kernel_rate and not ideal else None,
         prefill_thread_efficiency=resolved.kernel_rate.prefill_thread_efficiency if resolved.kernel_rate and not ideal else 1.0,
         sequence_overhead_s=float(machine.sequence_overhead_s),
+        moe_bandwidth_efficiency=(efficiency.bw_efficiency / float(machine.moe_bytes_factor)
+                                  if machine.moe_bytes_factor != 1.0 and not ideal else None),
+        moe_bandwidth_tokens=float(machine.moe_bytes_tokens) if machine.moe_bytes_factor != 1.0 and not ideal else None,
         reached_bandwidth_Bps=reach.bandwidth_Bps if reach else None,
         bandwidth_basis=reach.basis if reach else ("peak (ideal: the seed formula)" if ideal else "the device's peak"),
         threads=reach.threads if reach else None,

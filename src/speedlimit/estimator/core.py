@@ -132,6 +132,7 @@ class Machine(NamedTuple):
     # the routed experts' bytes priced at this multiple of the others': an engine's fused-MoE kernel that streams the
     # experts' weights at a smaller fraction of the spec bandwidth than `bandwidth_Bps`'s (bw_efficiency / its own)
     moe_bytes_factor: float | np.ndarray = 1.0
+    moe_bytes_tokens: float | np.ndarray = 0.0  # ... in a step whose MoE layers see at least this many tokens
 
 
 class StepBatch(NamedTuple):
@@ -308,8 +309,10 @@ def priced_bytes(cost: CostModel, machine: Machine, step: StepBatch, moe_group=1
     factor = machine.moe_bytes_factor
     if _scalar(factor) and factor == 1.0:
         return bytes_read
-    return bytes_read + (factor - 1.0) * experts_read_bytes(cost, step.decode_sequences + step.prefill_tokens,
-                                                            moe_group, moe_busy)
+    tokens = step.decode_sequences + step.prefill_tokens
+    busy = moe_group if moe_busy is None else moe_busy
+    factor = _where(tokens * busy >= machine.moe_bytes_tokens, factor, 1.0)  # the MoE layers' tokens: every busy replica's
+    return bytes_read + (factor - 1.0) * experts_read_bytes(cost, tokens, moe_group, moe_busy)
 
 
 def experts_read_bytes(cost: CostModel, tokens, moe_group=1.0, moe_busy=None):
@@ -542,7 +545,7 @@ def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
         group_tokens += step.decode_sequences + step.prefill_tokens
     per_replica = group_tokens / dp  # the experts' tokens each replica's devices multiply
     per_working = group_tokens / len(steps)  # the GEMM size that prices them (a busy replica's tokens, as step_seconds)
-    factor = machine.moe_bytes_factor
+    factor = machine.moe_bytes_factor if group_tokens >= machine.moe_bytes_tokens else 1.0
     group_expert_bytes = experts_read_bytes(cost, group_tokens, dp, 1.0)
     moe = machine.moe_factor
 
