@@ -311,7 +311,8 @@ def priced_bytes(cost: CostModel, machine: Machine, step: StepBatch, moe_group=1
         return bytes_read
     tokens = step.decode_sequences + step.prefill_tokens
     busy = moe_group if moe_busy is None else moe_busy
-    factor = _where(tokens * busy >= machine.moe_bytes_tokens, factor, 1.0)  # the MoE layers' tokens: every busy replica's
+    # the MoE layers see every busy replica's tokens
+    factor = _where(tokens * busy >= machine.moe_bytes_tokens, factor, 1.0)
     return bytes_read + (factor - 1.0) * experts_read_bytes(cost, tokens, moe_group, moe_busy)
 
 
@@ -535,8 +536,8 @@ def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
     tokens: the experts read are the expected union over all the tokens, 1/dp of them per replica, and the experts'
     FLOPs are all the tokens' over dp replicas, at the rate of a GEMM of the mean tokens per working replica (its own
     batch prices its attention, dense weights, KV and communication). With every working replica running the same
-    batch this is exactly `step_seconds` of the whole group. A replica without work waits the step out (its empty forward, which
-    joins the MoE collectives, is never the slowest)."""
+    batch this is exactly `step_seconds` of the whole group. A replica without work waits the step out (its empty
+    forward, which joins the MoE collectives, is never the slowest)."""
     dp = float(machine.dp)
     if not steps:
         raise ValueError("a lockstep step needs at least one replica with work")
@@ -604,7 +605,8 @@ def parallel_step_work(cost: CostModel, machine: Machine, step: StepBatch):
     when pp = dp = 1)."""
     micro, count = micro_step(machine, step)
     share = busy_replicas(machine, step.sequences) * count
-    return step_bytes(cost, micro, moe_group(machine), moe_busy(machine, step.sequences)) * share, step_flops(cost, micro) * share
+    bytes_read = step_bytes(cost, micro, moe_group(machine), moe_busy(machine, step.sequences))
+    return bytes_read * share, step_flops(cost, micro) * share
 
 
 def decode_step_seconds(cost: CostModel, machine: Machine, batch, context):
