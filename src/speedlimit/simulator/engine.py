@@ -192,16 +192,19 @@ def run_lockstep(cost: core.CostModel, machine: core.Machine, engine: EngineConf
     queue and KV cache; a step lasts as long as the slowest replica's, and a replica with nothing to run waits it
     out. Returns each replica's run, its times on the common clock."""
     loops = [replica(cost, engine, **share) for share in shares]
-    pending: list = [next(loop) for loop in loops]  # per replica: its next StepBatch, a wake-up time, or None (done)
+    pending: list = [None] * len(loops)  # per replica: its next StepBatch, a wake-up time, or None (done)
     runs: list[RawRun | None] = [None] * len(loops)
     StepBatch = core.StepBatch
     now = 0.0
 
-    def resume(r: int, value: float) -> None:
+    def resume(r: int, value: float | None) -> None:  # None starts the replica (send(None) is next())
         try:
             pending[r] = loops[r].send(value)
         except StopIteration as stop:
             pending[r], runs[r] = None, stop.value
+
+    for r in range(len(loops)):
+        resume(r, None)
 
     while any(p is not None for p in pending):
         working = [r for r, p in enumerate(pending) if p is not None and p.__class__ is StepBatch]
