@@ -296,13 +296,16 @@ VERSION_PROFILES = (
 
 def row_engine(row: Row) -> str | None:
     """The engine profile a row is priced with in the 'profiles' modes: its engine's, at the row's version where the
-    catalog has that version's profile."""
+    catalog has that version's profile (that version's build for the row's platform)."""
     profile = ENGINE_PROFILES.get(row.engine)
     if profile is None:
         return None
-    backend = engine_for_device(resolve_engine(profile), row_hardware(row)).key
-    return next((versioned for base, named, versioned in VERSION_PROFILES if base == backend and named.search(row.notes)),
-                profile)
+    hardware = row_hardware(row)
+    backend = engine_for_device(resolve_engine(profile), hardware).key
+    versioned = next((versioned for base, named, versioned in VERSION_PROFILES if base == backend and named.search(row.notes)),
+                     profile)
+    # a version's build for the row's platform (vllm-0.7 on an AMD GPU: vllm-0.7-rocm), as the estimate would pick it
+    return engine_for_device(resolve_engine(versioned), hardware).key if versioned != profile else versioned
 
 
 def predict_tok_s(row: Row, *, ideal: bool = False, bw_efficiency: float | None = None, step_overhead_s: float | None = None,

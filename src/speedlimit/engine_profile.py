@@ -86,6 +86,9 @@ class EngineProfile(BaseModel):
     aliases: list[str] = Field(default_factory=list)
     devices: list[Literal["cpu", "apple", "gpu", "custom"]]
     inherits: str | None = None
+    # the profile this engine runs as on AMD GPUs (its ROCm build runs other kernels), where the catalog has one;
+    # not inherited: a profile names its own
+    rocm_profile: str | None = None
     # scheduler
     mode: Sourced
     max_seqs: Sourced
@@ -281,7 +284,7 @@ class EngineProfile(BaseModel):
                 value["kv_tokens_fraction"] = sourced.kv_tokens_fraction
             values[field] = value
         return {"name": self.key, "label": self.name, "version": self.version, "aliases": list(self.aliases),
-                "inherits": self.inherits, "homepage": self.homepage, "devices": list(self.devices), "values": values}
+                "inherits": self.inherits, "rocm_profile": self.rocm_profile, "homepage": self.homepage, "devices": list(self.devices), "values": values}
 
 
 def gemm_efficiency_at(points: tuple[tuple[float, float], ...], tokens: float) -> float:

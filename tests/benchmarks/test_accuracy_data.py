@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from speedlimit.catalog import resolve_hardware, resolve_model
+from speedlimit.catalog import catalog_engine, engine_for_device, resolve_hardware, resolve_model
 from speedlimit.estimator import estimate
 from speedlimit.precision import WeightFormats, parse_precision, parse_weights
 
@@ -446,6 +446,18 @@ def test_a_fold_d_line_is_linear_in_both_step_costs(score, metric) -> None:
     assert score.predict_line_s(line, 37e-6, 410e-6) == pytest.approx(base + 37e-6 * per_kernel + 410e-6 * per_sequence, rel=1e-9)
 
 
+def test_fold_d_lines_run_their_platforms_build(score) -> None:
+    """A fold-D line names the profile it fits, and that is the profile the estimate runs on its device: vLLM 0.7's
+    CUDA lines fit [vllm-0.7], its MI300X lines [vllm-0.7-rocm] (SOURCES.md, fold D amendment 3)."""
+    lines = score.load_engine_steps()
+    for line in lines:
+        assert engine_for_device(catalog_engine(line.profile), resolve_hardware(line.device)).key == line.profile
+    by_profile = {profile: {line.device for line in lines if line.profile == profile} for profile in {l.profile for l in lines}}
+    assert by_profile["vllm-0.7-rocm"] == {"mi300x"} and "mi300x" not in by_profile["vllm-0.7"]
+    # the CUDA build's small-batch lines are DeepSeek-Coder-V2-Lite's (the only ones published)
+    assert {line.model for line in lines if line.profile == "vllm-0.7"} == {"deepseek-r1", "deepseek-coder-v2-lite-instruct"}
+
+
 def test_rows_naming_sglang_0_4_are_priced_with_its_profile_in_profiles_mode(score) -> None:
     rows = [row for row in score.load_rows() if row.engine == "sglang"]
     early = [row for row in rows if "sglang 0.4.3.post2" in row.notes or "sglang 0.4.2.post4" in row.notes]
@@ -457,7 +469,10 @@ def test_rows_naming_sglang_0_4_are_priced_with_its_profile_in_profiles_mode(sco
 def test_rows_naming_vllm_0_7_are_priced_with_its_profile_in_profiles_mode(score) -> None:
     rows = [row for row in score.load_rows() if row.engine == "vllm"]
     early = [row for row in rows if "vLLM 0.7.3.dev138" in row.notes or "vLLM nightly 0.7.4.dev181" in row.notes]
-    assert len(early) == 18 and {score.row_engine(row) for row in early} == {"vllm-0.7"}
+    assert len(early) == 18
+    # each platform's build (SOURCES.md, fold D amendment 3): CUDA on the H200s, ROCm on the MI300Xs
+    assert {score.row_engine(row) for row in early if row.device == "h200"} == {"vllm-0.7"}
+    assert {score.row_engine(row) for row in early if row.device == "mi300x"} == {"vllm-0.7-rocm"}
     later = [row for row in rows if row not in early]  # the vLLM recipes' MI300X rows (later builds)
     assert later and {score.row_engine(row) for row in later} == {"vllm"}
     # V0 with MLA: --max-model-len is the step's token budget (SOURCES.md, engine_args)

@@ -61,7 +61,7 @@ def test_raw_file_gives_every_value_as_a_sourced_table() -> None:
     from importlib import resources
 
     raw = tomllib.loads(resources.files("speedlimit.catalog").joinpath("engines.toml").read_text(encoding="utf-8"))
-    metadata = {"name", "aliases", "version", "homepage", "devices", "inherits"}
+    metadata = {"name", "aliases", "version", "homepage", "devices", "inherits", "rocm_profile"}
     for key, entry in raw.items():
         for field, value in entry.items():
             if field not in metadata:
@@ -99,6 +99,34 @@ def test_default_engine_picks_the_backend_from_the_device() -> None:
     apple = next(k for k in ("m2-ultra", "m1-max", "m3-max") if _exists(k))
     assert engine_for_device(default, resolve_hardware(apple)).key == "llama-cpp-metal"
     assert engine_for_device(resolve_engine("vllm"), resolve_hardware("h100-sxm")).key == "vllm"
+
+
+def test_an_engine_with_a_rocm_build_runs_it_on_amd_gpus() -> None:
+    """vLLM 0.7's ROCm build is its own profile (other kernels, its own fitted floor): `--engine vllm-0.7` runs it on
+    an AMD GPU and the CUDA build elsewhere; the link is not inherited, so the ROCm profile stays itself, and a
+    modified copy of the CUDA profile stays that copy off AMD."""
+    early = resolve_engine("vllm-0.7")
+    assert early.rocm_profile == "vllm-0.7-rocm"
+    assert engine_for_device(early, resolve_hardware("mi300x")).key == "vllm-0.7-rocm"
+    assert engine_for_device(early, resolve_hardware("h200")).key == "vllm-0.7"
+    rocm = resolve_engine("vllm-0.7-rocm")
+    assert rocm.inherits == "vllm-0.7" and rocm.rocm_profile is None
+    assert engine_for_device(rocm, resolve_hardware("mi300x")) is rocm
+    copy = early.model_copy(update={"name": "a copy"})
+    assert engine_for_device(copy, resolve_hardware("h100-sxm")) is copy
+    # the fitted floors differ, everything else is inherited
+    assert rocm.kernel_overhead_s.value != early.kernel_overhead_s.value
+    assert rocm.max_seqs == early.max_seqs and rocm.fp8_moe_gemm_efficiency == early.fp8_moe_gemm_efficiency
+    on_amd = estimate("deepseek-r1", "mi300x", weights="fp8", tp=8, engine="vllm-0.7")
+    assert on_amd.engine == "vllm-0.7-rocm"
+    assert estimate("deepseek-r1", "h200", weights="fp8", tp=8, engine="vllm-0.7").engine == "vllm-0.7"
+
+
+def test_every_rocm_build_named_is_a_gpu_profile() -> None:
+    for key in engine_names():
+        target = catalog_engine(key).rocm_profile
+        if target is not None:
+            assert "gpu" in catalog_engine(target).devices and catalog_engine(target).rocm_profile is None
 
 
 def _exists(name: str) -> bool:
@@ -478,19 +506,19 @@ def test_early_engines_price_the_routed_experts_at_their_fused_moe_rate(key: str
 
 
 @pytest.mark.parametrize("key", ["vllm-0.7", "sglang-0.4"])
-def test_early_engines_read_the_routed_experts_at_their_fused_moe_rate_from_128_tokens(key: str) -> None:
+def test_early_engines_read_the_routed_experts_at_their_fused_moe_rate_from_100_tokens(key: str) -> None:
     """The same kernel streams the experts' weights at 0.243 of the spec bandwidth where the source's table measured
-    it (engines.toml fp8_moe_bandwidth_efficiency, from 128 tokens in the MoE layers): those bytes are priced at
-    bw_efficiency / 0.243 times their count, the bytes reported stay the bytes read, and below 128 tokens nothing
-    changes."""
+    it and fold D places it (engines.toml fp8_moe_bandwidth_efficiency, from 100 tokens in the MoE layers): those bytes
+    are priced at bw_efficiency / 0.243 times their count, the bytes reported stay the bytes read, and below 100 tokens
+    nothing changes."""
     profile = catalog_engine(key)
     early = step_model("deepseek-r1", "h200", weights="fp8", tp=8, engine=key)
     rate, tokens = profile.moe_bandwidth_efficiency_for("fp8")
-    assert (rate, tokens) == (profile.fp8_moe_bandwidth_efficiency.value, profile.fp8_moe_bandwidth_tokens.value) == (0.243, 128)
+    assert (rate, tokens) == (profile.fp8_moe_bandwidth_efficiency.value, profile.fp8_moe_bandwidth_tokens.value) == (0.243, 100)
     bw_efficiency = early.machine.bandwidth_Bps / resolve_hardware("h200").memory_bandwidth_Bps
     assert early.machine.moe_bytes_factor == pytest.approx(bw_efficiency / rate)
     plain = early.machine._replace(moe_bytes_factor=1.0)
-    for batch, priced in ((127, False), (128, True), (512, True)):
+    for batch, priced in ((99, False), (100, True), (128, True), (512, True)):
         step = core.decode_batch(early.cost, batch, 3000.0)
         experts = core.experts_read_bytes(early.cost, float(batch))
         extra = (early.machine.moe_bytes_factor - 1) * experts if priced else 0.0
@@ -511,7 +539,8 @@ def test_early_engines_read_the_routed_experts_at_their_fused_moe_rate_from_128_
 
 def test_a_lockstep_step_prices_the_experts_reads_at_the_groups_tokens() -> None:
     """Expert-sharing replicas: the MoE layers see every replica's tokens, so 16 replicas of 8 tokens (128 in all)
-    read the experts at the fused-MoE rate, as the estimate's symmetric step of the group does."""
+    read the experts at the fused-MoE rate, as the estimate's symmetric step of the group does; 12 of them (96, below
+    the rate's 100 tokens) do not."""
     step = step_model("deepseek-r1", "h200", weights="fp8", tp=1, dp=16, ep=16, engine="sglang-0.4")
     one = core.decode_batch(step.cost, 8, 3000.0)
     group = core.StepBatch(*(16 * v for v in one))
@@ -519,7 +548,9 @@ def test_a_lockstep_step_prices_the_experts_reads_at_the_groups_tokens() -> None
         core.step_seconds(step.cost, step.machine, group), rel=1e-12)
     plain = step.machine._replace(moe_bytes_factor=1.0)
     assert core.lockstep_step_seconds(step.cost, step.machine, [one] * 16) > core.lockstep_step_seconds(step.cost, plain, [one] * 16)
-    assert core.lockstep_step_seconds(step.cost, step.machine, [one] * 15) == core.lockstep_step_seconds(step.cost, plain, [one] * 15)
+    assert step.machine.moe_bytes_tokens == 100
+    assert core.lockstep_step_seconds(step.cost, step.machine, [one] * 13) > core.lockstep_step_seconds(step.cost, plain, [one] * 13)
+    assert core.lockstep_step_seconds(step.cost, step.machine, [one] * 12) == core.lockstep_step_seconds(step.cost, plain, [one] * 12)
 
 
 def test_fused_moe_bandwidth_fields_are_checked() -> None:

@@ -272,7 +272,7 @@ def engine_entries() -> dict[str, dict[str, Any]]:
             entry = raw[key]
             parent = entry.get("inherits")
             base = ({k: v for k, v in resolved(parent, (*seen, key)).items()
-                     if k not in ("aliases", "name", "version", "devices", "inherits")} if parent else {})
+                     if k not in ("aliases", "name", "version", "devices", "inherits", "rocm_profile")} if parent else {})
             merged[key] = {**base, **entry}
         return merged[key]
 
@@ -318,9 +318,11 @@ def engine_record(profile: EngineProfile) -> dict[str, Any]:
 
 
 def engine_for_device(engine: EngineProfile, hardware: Hardware) -> EngineProfile:
-    """The default ``llama-cpp`` on a device: its backend (cpu → CPU, apple → Metal, amd → ROCm, else CUDA)."""
+    """The profile ``engine`` runs as on a device: the default ``llama-cpp``'s backend (cpu → CPU, apple → Metal,
+    amd → ROCm, else CUDA); another engine's ROCm build on an AMD GPU where it names one (`rocm_profile`); else itself."""
     if engine.key != DEFAULT_ENGINE:
-        return engine
+        on_amd = hardware.kind == "gpu" and hardware.vendor == "amd"
+        return catalog_engine(engine.rocm_profile) if on_amd and engine.rocm_profile else engine
     backend = {"cpu": "llama-cpp-cpu", "apple": "llama-cpp-metal"}.get(hardware.kind)
     if backend is None and hardware.kind == "gpu":
         backend = "llama-cpp-rocm" if hardware.vendor == "amd" else "llama-cpp-cuda"
