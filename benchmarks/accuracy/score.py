@@ -976,7 +976,9 @@ def main(argv: list[str] | None = None) -> int:
     print("Mode 'profiles': each row priced with its engine's profile (catalog/engines.toml; ENGINE_PROFILES maps the CSV's")
     print("engine column: " + ", ".join(f"{k} -> {v}" for k, v in ENGINE_PROFILES.items()) + "); rows of other engines as in 'default'.")
     print("A row whose notes name an engine version the catalog has a profile of runs that version's (VERSION_PROFILES: "
-          + ", ".join(f"{base} + /{named.pattern}/ -> {versioned}" for base, named, versioned in VERSION_PROFILES) + ").")
+          + ", ".join(f"{base} + /{named.pattern}/ -> {versioned}" for base, named, versioned in VERSION_PROFILES) + "), on an AMD GPU")
+    print("as that version's ROCm build where the catalog has one (" + ", ".join(
+        f"{key} -> {catalog_engine(key).rocm_profile}" for _, _, key in VERSION_PROFILES if catalog_engine(key).rocm_profile) + ").")
     print("Serving rows are scored with estimate(batch=concurrency) (default, profiles: a steady batch at the mid-reply")
     print(f"context, no queueing, no prefill interleaving) and with the simulator (simulate, simulate+profiles: the row's")
     print(f"closed loop, the requests the source sent or else {SIMULATED_ROUNDS} x concurrency, the engine's scheduler).")
