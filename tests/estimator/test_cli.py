@@ -155,5 +155,9 @@ def test_engines_lists_the_profiles_and_shows_one_with_every_source():
     vllm = runner.invoke(app, ["engines", "vllm"]).output
     assert "max_batched_tokens" in vllm and "vllm/engine/arg_utils.py" in vllm.replace("\n", "")
     assert "fitted on fold A" in runner.invoke(app, ["engines", "llama-cpp-cuda"]).output
+    # an engine whose ROCm build is its own profile says so, in the list and in its own table
+    wide = runner.invoke(app, ["engines"], env={"COLUMNS": "200"}).output
+    assert "(AMD: vllm-0.7-rocm)" in wide
+    assert "on AMD GPUs it runs vllm-0.7-rocm" in " ".join(runner.invoke(app, ["engines", "vllm-0.7"], env={"COLUMNS": "200"}).output.split())
     bad = run_cli("engines", "warp")
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown engine 'warp'") and "vllm" in bad.stderr

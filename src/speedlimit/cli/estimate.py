@@ -335,8 +335,9 @@ def engines_command(
         if as_json:
             typer.echo(json.dumps(record))
             return
-        table = Table(title=escape(f"{record['label']} ({record['name']})"), caption=escape(f"describes: {record['version']}"),
-                      show_lines=True)
+        on_amd = f"; on AMD GPUs it runs {record['rocm_profile']}" if record["rocm_profile"] else ""
+        table = Table(title=escape(f"{record['label']} ({record['name']})"),
+                      caption=escape(f"describes: {record['version']}{on_amd}"), show_lines=True)
         for column in ("field", "value", "source (or the fold it was fitted on)"):
             table.add_column(column, overflow="fold")
         for field, value in record["values"].items():
@@ -357,8 +358,9 @@ def engines_command(
         values = record["values"]
         kv = values["kv"]["value"] + (f" (fp8 weights: {values['fp8_weights_kv']['value']})" if "fp8_weights_kv" in values else "")
         graphs = values.get("cuda_graphs", {}).get("value")
+        on_amd = f" (AMD: {record['rocm_profile']})" if record["rocm_profile"] else ""
         table.add_row(
-            record["name"] + (" (default)" if record["default"] else ""), ", ".join(record["devices"]),
+            record["name"] + (" (default)" if record["default"] else ""), ", ".join(record["devices"]) + on_amd,
             _scheduler_text(values), kv, "—" if graphs is None else ("yes" if graphs else "no"),
         )  # fmt: skip
     console.print(table)
