@@ -303,9 +303,11 @@ def row_engine(row: Row) -> str | None:
     hardware = row_hardware(row)
     backend = engine_for_device(resolve_engine(profile), hardware).key
     versioned = next((versioned for base, named, versioned in VERSION_PROFILES if base == backend and named.search(row.notes)),
-                     profile)
-    # a version's build for the row's platform (vllm-0.7 on an AMD GPU: vllm-0.7-rocm), as the estimate would pick it
-    return engine_for_device(resolve_engine(versioned), hardware).key if versioned != profile else versioned
+                     None)
+    if versioned is None:
+        return profile
+    # that version's build for the row's platform (vllm-0.7 on an AMD GPU: vllm-0.7-rocm), as the estimate picks it
+    return engine_for_device(resolve_engine(versioned), hardware).key
 
 
 def predict_tok_s(row: Row, *, ideal: bool = False, bw_efficiency: float | None = None, step_overhead_s: float | None = None,

@@ -123,6 +123,7 @@ def test_an_engine_with_a_rocm_build_runs_it_on_amd_gpus() -> None:
 
 
 def test_every_rocm_build_named_is_a_gpu_profile() -> None:
+    """A `rocm_profile` names a catalog profile that runs on GPUs and names no further build of its own."""
     for key in engine_names():
         target = catalog_engine(key).rocm_profile
         if target is not None:
