@@ -72,6 +72,11 @@ class Architecture:
     weight_bytes: WeightBytes | None = field(default=None, compare=False)
     attention_params: float = 0.0  # the attention projections (and their biases) within dense_params (0: not split)
     n_moe_layers: int = 0  # layers with routed experts (0 in an MoE model: not known, taken as every layer)
+    # linears (matmuls on weights) one decode step runs as a serving engine fuses them: per layer the attention
+    # projections (MLA, decode absorbed: q_a + q_b or q_proj, kv_a, o; else fused qkv and o), the MLP (gate_up and down;
+    # routed experts: the fused kernel's two grouped GEMMs; shared experts: gate_up and down). An engine that quantizes
+    # each one's activations to fp8 in a kernel of its own launches this many more (0: unknown)
+    decode_linears: float = 0.0
     # the --weights spelling the checkpoint ships in, from its config's quantization_config ("" : not quantized or not
     # known, so bf16): what the estimate prices when no --weights is given and no file gives exact bytes
     shipped_weights: str = ""
@@ -354,7 +359,7 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         kv_params = hidden * (kv_lora_rank + rope_dim) + kv_lora_rank + kv_lora_rank * n_heads * (nope_dim + v_head_dim)
         attn_params = q_params + kv_params + n_heads * v_head_dim * hidden
     else:
-        rope_dim = 0
+        rope_dim = q_lora_rank = 0
         attn_params = hidden * n_heads * head_dim + 2 * hidden * n_kv_heads * head_dim + n_heads * head_dim * hidden
         if config.get("attention_bias") or model_type in _QKV_BIAS_TYPES:
             attn_params += n_heads * head_dim + 2 * n_kv_heads * head_dim
@@ -407,6 +412,10 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         shared_expert_gate=shared_expert and model_type.startswith("qwen2_moe"),
     )
 
+    # MLA decodes with kv_b absorbed into its attention matmuls; a query LoRA splits q into q_a and q_b
+    attention_linears = (3 + (1 if q_lora_rank else 0)) if kv_lora_rank else 2
+    decode_linears = n_layers * (attention_linears + 2) + (2 * n_moe if shared_expert else 0)
+
     n_local, window = _local_layer_count(config, model_type, n_layers)
     embedding = vocab * hidden
     return check_total_params(Architecture(
@@ -427,6 +436,7 @@ def architecture_from_hf_config(config: dict[str, Any], name: str = "", source: 
         attention=attention,
         max_context=_int(config, "max_position_embeddings", default=0),
         decode_kernels=decode_kernels,
+        decode_linears=float(decode_linears),
         source=source,
         attention_params=float(n_layers * attn_params),
         n_moe_layers=n_moe,

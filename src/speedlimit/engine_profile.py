@@ -120,6 +120,9 @@ class EngineProfile(BaseModel):
     fp8_moe_bandwidth_efficiency: Sourced | None = None
     # ... in a step whose MoE layers see at least this many tokens (where the source measured it); None: every step
     fp8_moe_bandwidth_tokens: Sourced | None = None
+    # true: with weights that compute in fp8 it quantizes each linear's activations in a kernel of its own before the
+    # GEMM (one more launch per linear, `Architecture.decode_linears`); None: no such launches counted
+    fp8_activation_quant_kernels: Sourced | None = None
     # the peak-FLOPs column its GEMMs of f16 and dequantized low-bit weights run at, where a device lists one
     # (llama.cpp CUDA: "fp16_acc16", cuBLAS with fp16 accumulation); None: the weights' compute dtype
     half_gemm_dtype: Sourced | None = None
@@ -147,7 +150,7 @@ class EngineProfile(BaseModel):
                 raise ValueError(f"must be a whole number >= 1, got {value!r}")
         return field
 
-    @field_validator("chunked_prefill", "prefill_first", "prefix_caching", "cuda_graphs")
+    @field_validator("chunked_prefill", "prefill_first", "prefix_caching", "cuda_graphs", "fp8_activation_quant_kernels")
     @classmethod
     def _flag(cls, field: Sourced | None) -> Sourced | None:
         if field is not None and not isinstance(field.value, bool):
@@ -260,6 +263,14 @@ class EngineProfile(BaseModel):
             tokens = self.fp8_moe_bandwidth_tokens
             return float(self.fp8_moe_bandwidth_efficiency.value), float(tokens.value) if tokens is not None else 0.0
         return None
+
+    def decode_kernels(self, arch_kernels: float, arch_linears: float, weights_compute_dtype: str | None) -> float:
+        """Kernels one decode step launches: llama.cpp's count for the model times the profile's kernel fraction, plus
+        one activation-quantization launch per linear where the profile quantizes fp8 activations on their own."""
+        kernels = arch_kernels * (self.kernel_fraction.value if self.kernel_fraction else 1.0)
+        if weights_compute_dtype == "fp8" and self.fp8_activation_quant_kernels is not None and self.fp8_activation_quant_kernels.value:
+            kernels += arch_linears
+        return kernels
 
     def default_kv(self, weights_compute_dtype: str | None) -> str:
         """The KV format it runs by default with weights that compute in ``weights_compute_dtype`` (None: unknown)."""

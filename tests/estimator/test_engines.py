@@ -453,18 +453,41 @@ def test_early_sglang_prices_decode_steps_above_its_kernel_floor() -> None:
     """SGLang 0.4's fitted per-kernel latency floor: a DeepSeek-V3 batch-1 step costs kernels x floor more than the
     late-2025 profile's, and the batch adds the same weight traffic to both."""
     early, late = catalog_engine("sglang-0.4"), catalog_engine("sglang")
-    kernels = resolve_model("deepseek-v3").decode_kernels * early.kernel_fraction.value
+    arch = resolve_model("deepseek-v3")
+    # llama.cpp's count at the profile's fraction, plus one activation-quant launch per fp8 linear
+    kernels = arch.decode_kernels * early.kernel_fraction.value + arch.decode_linears
     one = [estimate("deepseek-v3", "h200", weights="fp8", tp=8, batch=1, prompt=128, output=256, engine=e).itl_s
            for e in (early, late)]
     assert one[0] - one[1] == pytest.approx(kernels * early.kernel_overhead_s.value, rel=1e-6)
     assert 0.02 < one[0] < 0.05  # ~30 ms, as SGLang v0.4.1.post2 ran it (fold D), where the late profile prices ~2 ms
 
 
+def test_early_engines_launch_an_activation_quant_kernel_per_fp8_linear() -> None:
+    """vLLM 0.7 and SGLang 0.4 quantize each block-fp8 linear's activations in a kernel of their own: DeepSeek-R1 runs
+    4 attention linears (MLA with a query LoRA, kv_b absorbed), 2 MLP or fused-MoE GEMMs and 2 shared-expert linears
+    in its 58 MoE layers, 482 a step; the launches count only for fp8 weights and only on the profiles that state it."""
+    r1, lite, llama = (resolve_model(m) for m in ("deepseek-r1", "deepseek-coder-v2-lite", "llama-3.1-8b"))
+    assert r1.decode_linears == 61 * (4 + 2) + 58 * 2 == 482
+    assert lite.decode_linears == 27 * (3 + 2) + 26 * 2  # no query LoRA: one q_proj
+    assert llama.decode_linears == 32 * (2 + 2)  # fused qkv and o, gate_up and down
+    for key in ("vllm-0.7", "vllm-0.7-rocm", "sglang-0.4"):
+        early = catalog_engine(key)
+        base = r1.decode_kernels * early.kernel_fraction.value
+        assert early.decode_kernels(r1.decode_kernels, r1.decode_linears, "fp8") == base + 482
+        assert early.decode_kernels(r1.decode_kernels, r1.decode_linears, "bf16") == base
+        fp8 = estimate("deepseek-r1", "h200", weights="fp8", tp=8, engine=key)
+        assert fp8.kernels_per_step == base + 482
+        assert estimate("deepseek-r1", "h200", weights="bf16", tp=8, engine=key).kernels_per_step == base
+    late = catalog_engine("vllm")
+    assert late.decode_kernels(r1.decode_kernels, r1.decode_linears, "fp8") == r1.decode_kernels * late.kernel_fraction.value
+
+
 def test_early_vllm_prices_a_kernel_floor_and_a_cost_per_running_sequence() -> None:
     """vLLM 0.7's fitted step costs (fold D) over the late-2025 V1 profile: kernels x floor more per step, and each
     running sequence costs its fitted figure instead of V1's host bookkeeping."""
     early, late = catalog_engine("vllm-0.7"), catalog_engine("vllm")
-    kernels = resolve_model("deepseek-r1").decode_kernels * early.kernel_fraction.value
+    arch = resolve_model("deepseek-r1")
+    kernels = arch.decode_kernels * early.kernel_fraction.value + arch.decode_linears
     for batch in (1, 32):
         itl = [estimate("deepseek-r1", "h200", weights="fp8", tp=8, batch=batch, prompt=3200, output=800, engine=e).itl_s
                for e in (early, late)]

@@ -338,6 +338,7 @@ class StepModel(NamedTuple):
     # llama.cpp's measured CPU kernel rate, where it prices the matmuls instead of `efficiency.flops_efficiency` x
     # `peak_flops` (which stay the kind's fraction of the dtype's peak: what a calibrated profile is relative to)
     kernel_rate: KernelRate | None = None
+    kernels_per_step: float = 0.0  # kernels one decode step launches (`EngineProfile.decode_kernels`)
 
     @property
     def flops_efficiency(self) -> float:
@@ -425,7 +426,7 @@ def resolve(scenario: Scenario) -> StepModel:
         compute_dtype, peak_flops = engine_gemm_rate(engine, device, weights, compute_dtype, peak_flops)
     if scenario.ideal:
         cost = ideal_cost_model(cost, arch)
-    kernels = arch.decode_kernels * (engine.kernel_fraction.value if engine.kernel_fraction else 1.0)
+    kernels = engine.decode_kernels(arch.decode_kernels, arch.decode_linears, weights_dtype)
     reach = None if scenario.ideal else bandwidth_reach(device, scenario.threads, scenario.numa)
     rate = None if scenario.ideal or scenario.compute is not None else cpu_kernel_rate(
         engine, device, weights_name if not isinstance(weights, WeightFormats) else None, reach, scenario)
@@ -446,7 +447,7 @@ def resolve(scenario: Scenario) -> StepModel:
     if not scenario.ideal:
         machine = machine._replace(**terms)
     return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv.name, compute_dtype, scenario.tp,
-                     scenario.ideal, engine, peak_flops, reach, rate)
+                     scenario.ideal, engine, peak_flops, reach, rate, kernels)
 
 
 def cpu_kernel_rate(engine: EngineProfile, device: Hardware, weights_name: str | None, reach: BandwidthReach | None,
@@ -728,7 +729,7 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         bw_efficiency=1.0 if ideal else efficiency.bw_efficiency,
         flops_efficiency=1.0 if ideal else resolved.flops_efficiency,
         step_overhead_s=0.0 if ideal else resolved.step_overhead_s,
-        kernels_per_step=arch.decode_kernels * (resolved.engine.kernel_fraction.value if resolved.engine.kernel_fraction else 1.0),
+        kernels_per_step=resolved.kernels_per_step,
         efficiency_basis="ideal: peak bandwidth and FLOPs, weights only" if ideal else efficiency.basis,
         engine=resolved.engine.key,
         cpu_kernels=resolved.kernel_rate.tensor_type if resolved.kernel_rate and not ideal else None,
