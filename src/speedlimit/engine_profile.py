@@ -268,7 +268,7 @@ class EngineProfile(BaseModel):
         """Kernels one decode step launches: llama.cpp's count for the model times the profile's kernel fraction, plus
         one activation-quantization launch per linear where the profile quantizes fp8 activations on their own."""
         kernels = arch_kernels * (self.kernel_fraction.value if self.kernel_fraction else 1.0)
-        if weights_compute_dtype == "fp8" and self.fp8_activation_quant_kernels is not None and self.fp8_activation_quant_kernels.value:
+        if weights_compute_dtype == "fp8" and _value(self.fp8_activation_quant_kernels):
             kernels += arch_linears
         return kernels
 
