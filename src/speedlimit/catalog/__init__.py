@@ -318,12 +318,12 @@ def engine_record(profile: EngineProfile) -> dict[str, Any]:
 
 
 def engine_for_device(engine: EngineProfile, hardware: Hardware) -> EngineProfile:
-    """The profile ``engine`` runs as on a device: the default ``llama-cpp``'s backend (cpu → CPU, apple → Metal,
-    amd → ROCm, else CUDA); another engine's ROCm build on an AMD GPU where it names one (`rocm_profile`); else itself."""
+    """The profile ``engine`` runs as on a device: its ROCm build on an AMD GPU where it names one (`rocm_profile`:
+    llama.cpp's ROCm backend, vLLM 0.7's ROCm build); the default ``llama-cpp``'s backend elsewhere (cpu → CPU,
+    apple → Metal, gpu → CUDA); else itself."""
+    if hardware.kind == "gpu" and hardware.vendor == "amd" and engine.rocm_profile:
+        return catalog_engine(engine.rocm_profile)
     if engine.key != DEFAULT_ENGINE:
-        on_amd = hardware.kind == "gpu" and hardware.vendor == "amd"
-        return catalog_engine(engine.rocm_profile) if on_amd and engine.rocm_profile else engine
-    backend = {"cpu": "llama-cpp-cpu", "apple": "llama-cpp-metal"}.get(hardware.kind)
-    if backend is None and hardware.kind == "gpu":
-        backend = "llama-cpp-rocm" if hardware.vendor == "amd" else "llama-cpp-cuda"
+        return engine
+    backend = {"cpu": "llama-cpp-cpu", "apple": "llama-cpp-metal", "gpu": "llama-cpp-cuda"}.get(hardware.kind)
     return catalog_engine(backend) if backend else engine
