@@ -127,6 +127,9 @@ class Hardware(BaseModel):
     # the vendor's clocks: base (all cores busy, guaranteed) and maximum boost (one core busy)
     base_clock_hz: float | None = Field(None, ge=1e8, le=1e10)
     boost_clock_hz: float | None = Field(None, ge=1e8, le=1e10)
+    # what the part runs at with every core loaded, where a measurement is published (a base clock is a floor)
+    all_core_clock_hz: float | None = Field(None, ge=1e8, le=1e10)
+    all_core_clock_source: str | None = None
 
     @property
     def topology(self) -> CpuTopology | None:
@@ -156,6 +159,13 @@ class Hardware(BaseModel):
             raise ValueError("base_clock_hz and boost_clock_hz go together")
         if self.base_clock_hz is not None and self.boost_clock_hz < self.base_clock_hz:
             raise ValueError("boost_clock_hz must be at least base_clock_hz")
+        if self.all_core_clock_hz is not None:
+            if self.base_clock_hz is None:
+                raise ValueError("all_core_clock_hz needs base_clock_hz and boost_clock_hz")
+            if not self.base_clock_hz <= self.all_core_clock_hz <= self.boost_clock_hz:
+                raise ValueError("all_core_clock_hz must lie between base_clock_hz and boost_clock_hz")
+            if not self.all_core_clock_source:
+                raise ValueError("all_core_clock_hz needs all_core_clock_source (a measurement, cited)")
         nodes = self.numa_nodes_per_socket or 1
         if self.cores_per_socket is not None and self.cores_per_socket % nodes:
             raise ValueError(f"{self.cores_per_socket} cores per socket do not split into {nodes} NUMA nodes")
@@ -184,14 +194,16 @@ class Hardware(BaseModel):
         return value
 
     def core_clock_hz(self, busy_cores: float) -> float:
-        """The clock of each of ``busy_cores`` busy cores: the maximum boost with one busy, the base clock with every
-        core of a socket busy, linear in between (the vendor gives only those two points); NaN without clocks."""
+        """The clock of each of ``busy_cores`` busy cores: the maximum boost with one busy, and with every core of a
+        socket busy the measured all-core clock where the entry cites one, else the base clock (the vendor's floor),
+        linear in between (the only two points published); NaN without clocks."""
         if self.base_clock_hz is None or self.boost_clock_hz is None:
             return math.nan
+        all_busy_hz = self.all_core_clock_hz or self.base_clock_hz
         per_socket = self.cores_per_socket or 1
         busy = min(max(busy_cores, 1.0), per_socket)
         share = (busy - 1.0) / (per_socket - 1.0) if per_socket > 1 else 1.0
-        return self.boost_clock_hz - (self.boost_clock_hz - self.base_clock_hz) * share
+        return self.boost_clock_hz - (self.boost_clock_hz - all_busy_hz) * share
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for a compute dtype, falling back to the nearest column the device has.

@@ -22,18 +22,30 @@ MARK = "MACs per cycle per thread"  # what the efficiency basis says when the ke
 PROFILE = catalog_engine("llama-cpp-cpu")
 
 
-def test_the_clock_runs_from_boost_with_one_core_busy_to_base_with_a_socket_busy() -> None:
-    device = catalog_hardware(CPU)  # AMD: base 4.5 GHz, boost up to 5.7, 16 cores
+def test_the_clock_runs_from_boost_with_one_core_busy_to_the_measured_all_core_clock_with_a_socket_busy() -> None:
+    device = catalog_hardware(CPU)  # AMD: base 4.5 GHz, boost up to 5.7, 16 cores; 5.0 measured all-core
+    assert device.all_core_clock_hz == pytest.approx(5.0e9) and device.all_core_clock_source.startswith("http")
     assert device.core_clock_hz(1) == pytest.approx(5.7e9)
-    assert device.core_clock_hz(16) == pytest.approx(4.5e9) == device.core_clock_hz(64)
-    assert device.core_clock_hz(8.5) == pytest.approx((5.7e9 + 4.5e9) / 2)
+    assert device.core_clock_hz(16) == pytest.approx(5.0e9) == device.core_clock_hz(64)
+    assert device.core_clock_hz(8.5) == pytest.approx((5.7e9 + 5.0e9) / 2)
     assert math.isnan(catalog_hardware("h100-sxm").core_clock_hz(1))
+
+
+def test_without_a_measured_all_core_clock_a_busy_socket_runs_at_base() -> None:
+    device = catalog_hardware("amd-epyc-9654")  # base 2.4 GHz, boost up to 3.7, 96 cores; no all-core figure cited
+    assert device.all_core_clock_hz is None
+    assert device.core_clock_hz(96) == pytest.approx(2.4e9)
+    assert device.core_clock_hz(48.5) == pytest.approx((3.7e9 + 2.4e9) / 2)
 
 
 @pytest.mark.parametrize("fields, needle", [
     ({"base_clock_hz": 3e9}, "go together"),
     ({"base_clock_hz": 3e9, "boost_clock_hz": 2e9}, "at least"),
     ({"base_clock_hz": 3e12, "boost_clock_hz": 4e12}, "less than or equal"),
+    ({"all_core_clock_hz": 3e9, "all_core_clock_source": "https://example.org"}, "needs base_clock_hz"),
+    ({"base_clock_hz": 3e9, "boost_clock_hz": 4e9, "all_core_clock_hz": 4.5e9, "all_core_clock_source": "x"},
+     "between"),
+    ({"base_clock_hz": 3e9, "boost_clock_hz": 4e9, "all_core_clock_hz": 3.5e9}, "all_core_clock_source"),
 ])
 def test_bad_clocks_are_refused(fields: dict, needle: str) -> None:
     with pytest.raises(ValidationError, match=needle):
