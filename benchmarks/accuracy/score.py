@@ -781,16 +781,31 @@ def step_cost_terms(line: EngineStep) -> tuple[float, float, float]:
     return base, per_kernel, per_sequence
 
 
+def inherited_sequence_overhead_s(lines: list[EngineStep]) -> float | None:
+    """The per-sequence cost a profile's fit holds fixed, or None when its lines can fit it: lines that all run one
+    batch size cannot tell a per-kernel from a per-sequence cost (both add the same multiple to every step), so
+    only the per-kernel cost is fitted and the per-sequence cost is the profile's parent's (fold D amendment 4)."""
+    if len({line.batch for line in lines}) > 1:
+        return None
+    profile = catalog_engine(lines[0].profile)
+    parent = catalog_engine(profile.inherits) if profile.inherits else None
+    value = parent.sequence_overhead_s if parent is not None else None
+    return float(value.value) if value is not None else 0.0
+
+
 def fit_step_costs(lines: list[EngineStep]) -> tuple[float, float]:
     """(kernel_overhead_s, sequence_overhead_s) on the fold-D grid minimising the mean |log(predicted / measured)|;
-    ties go to the smaller per-kernel, then per-sequence, cost. Checked against a direct estimate at the optimum."""
+    ties go to the smaller per-kernel, then per-sequence, cost. Checked against a direct estimate at the optimum.
+    Lines of one batch size fit the per-kernel cost only (`inherited_sequence_overhead_s`)."""
     terms = np.array([step_cost_terms(line) for line in lines])
     measured = np.array([line.measured_s for line in lines])
-    kernel, sequence = np.meshgrid(FIT_KERNEL_OVERHEAD_S, FIT_SEQUENCE_OVERHEAD_S, indexing="ij")
+    held = inherited_sequence_overhead_s(lines)
+    sequences = FIT_SEQUENCE_OVERHEAD_S if held is None else np.array([held])
+    kernel, sequence = np.meshgrid(FIT_KERNEL_OVERHEAD_S, sequences, indexing="ij")
     predicted = terms[:, 0, None, None] + terms[:, 1, None, None] * kernel + terms[:, 2, None, None] * sequence
     loss = np.mean(np.abs(np.log(predicted / measured[:, None, None])), axis=0)
     i, j = np.unravel_index(int(np.argmin(loss)), loss.shape)
-    fitted = float(FIT_KERNEL_OVERHEAD_S[i]), float(FIT_SEQUENCE_OVERHEAD_S[j])
+    fitted = float(FIT_KERNEL_OVERHEAD_S[i]), float(sequences[j])
     for line, (base, per_kernel, per_sequence) in zip(lines, terms):
         direct = predict_line_s(line, *fitted)
         if not math.isclose(direct, base + per_kernel * fitted[0] + per_sequence * fitted[1], rel_tol=1e-6):
@@ -801,6 +816,11 @@ def fit_step_costs(lines: list[EngineStep]) -> tuple[float, float]:
 def _shipped_fold_d(profile: str, field: str) -> float | None:
     value = getattr(catalog_engine(profile), field)
     return None if value is None or value.fitted != "D" else float(value.value)
+
+
+def _profile_value(profile: str, field: str) -> float:
+    value = getattr(catalog_engine(profile), field)
+    return 0.0 if value is None else float(value.value)
 
 
 def print_engine_step_fit() -> int:
@@ -820,10 +840,14 @@ def print_engine_step_fit() -> int:
             print(f"  {line.model} on {line.tp} x {line.device}, batch {line.batch}, {line.prompt_tokens} in / "
                   f"{line.output_tokens} out: measured {line.measured_s * 1e3:,.1f} ms {what}, fitted "
                   f"{predicted * 1e3:,.1f} ms ({100 * (predicted / line.measured_s - 1):+.1f}%)")
-        shipped = (_shipped_fold_d(profile, "kernel_overhead_s"), _shipped_fold_d(profile, "sequence_overhead_s"))
+        held = inherited_sequence_overhead_s(mine)
+        shipped = (_shipped_fold_d(profile, "kernel_overhead_s"),
+                   _shipped_fold_d(profile, "sequence_overhead_s") if held is None else _profile_value(profile, "sequence_overhead_s"))
         same = all(s is not None and abs(s - f) < 0.25e-6 for s, f in zip(shipped, fitted))
         shown = ", ".join("not fitted on fold D" if s is None else f"{s * 1e6:.1f} us" for s in shipped)
-        print(f"  fit -> {fitted[0] * 1e6:.1f} us per kernel, {fitted[1] * 1e6:.1f} us per sequence; shipped {profile}: "
+        per_sequence = (f"{fitted[1] * 1e6:.1f} us per sequence" if held is None else
+                        f"{fitted[1] * 1e6:.1f} us per sequence held at its parent's (its lines run one batch size)")
+        print(f"  fit -> {fitted[0] * 1e6:.1f} us per kernel, {per_sequence}; shipped {profile}: "
               f"{shown}{'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
         status |= 0 if same else 1
     return status
