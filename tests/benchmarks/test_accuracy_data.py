@@ -446,6 +446,25 @@ def test_a_fold_d_line_is_linear_in_both_step_costs(score, metric) -> None:
     assert score.predict_line_s(line, 37e-6, 410e-6) == pytest.approx(base + 37e-6 * per_kernel + 410e-6 * per_sequence, rel=1e-9)
 
 
+def test_lines_of_one_batch_size_fit_the_per_kernel_cost_and_hold_the_parents_per_sequence_cost(score) -> None:
+    """A per-kernel and a per-sequence cost add the same multiple to every step of lines at one batch size, so such a
+    profile fits only the first and keeps its parent's second (fold D amendment 4); lines at several batch sizes fit
+    both."""
+    lines = score.load_engine_steps()
+    rocm = [line for line in lines if line.profile == "sglang-0.4-rocm"]
+    assert len(rocm) == 2 and {line.batch for line in rocm} == {4}
+    parent = catalog_engine("sglang-0.4").sequence_overhead_s.value
+    assert score.inherited_sequence_overhead_s(rocm) == parent
+    kernel, sequence = score.fit_step_costs(rocm)
+    assert sequence == parent and kernel > 0
+    assert catalog_engine("sglang-0.4-rocm").kernel_overhead_s.value == pytest.approx(kernel)
+    several = [line for line in lines if line.profile == "sglang-0.4"]
+    assert len({line.batch for line in several}) > 1 and score.inherited_sequence_overhead_s(several) is None
+    # the fitted floor prices both lines of the run, the decode step and the batch's latency with its prefill
+    for line in rocm:
+        assert score.predict_line_s(line, kernel, sequence) == pytest.approx(line.measured_s, rel=0.05)
+
+
 def test_fold_d_lines_run_their_platforms_build(score) -> None:
     """A fold-D line names the profile it fits, and that is the profile the estimate runs on its device: vLLM 0.7's
     CUDA lines fit [vllm-0.7], its MI300X lines [vllm-0.7-rocm] (SOURCES.md, fold D amendment 3)."""
@@ -454,6 +473,8 @@ def test_fold_d_lines_run_their_platforms_build(score) -> None:
         assert engine_for_device(catalog_engine(line.profile), resolve_hardware(line.device)).key == line.profile
     by_profile = {profile: {line.device for line in lines if line.profile == profile} for profile in {l.profile for l in lines}}
     assert by_profile["vllm-0.7-rocm"] == {"mi300x"} and "mi300x" not in by_profile["vllm-0.7"]
+    # SGLang 0.4 likewise (fold D amendment 4): PR #2643's H200 lines and PR #3237's MI300X ones
+    assert by_profile["sglang-0.4-rocm"] == {"mi300x"} and by_profile["sglang-0.4"] == {"h200"}
     # the CUDA build's small-batch lines are DeepSeek-Coder-V2-Lite's (the only ones published)
     assert {line.model for line in lines if line.profile == "vllm-0.7"} == {"deepseek-r1", "deepseek-coder-v2-lite-instruct"}
 
@@ -461,7 +482,10 @@ def test_fold_d_lines_run_their_platforms_build(score) -> None:
 def test_rows_naming_sglang_0_4_are_priced_with_its_profile_in_profiles_mode(score) -> None:
     rows = [row for row in score.load_rows() if row.engine == "sglang"]
     early = [row for row in rows if "sglang 0.4.3.post2" in row.notes or "sglang 0.4.2.post4" in row.notes]
-    assert len(early) == 18 and {score.row_engine(row) for row in early} == {"sglang-0.4"}
+    assert len(early) == 18
+    # each platform's build (fold D amendment 4): CUDA on the H200s, ROCm on the MI300Xs
+    assert {score.row_engine(row) for row in early if row.device == "h200"} == {"sglang-0.4"}
+    assert {score.row_engine(row) for row in early if row.device == "mi300x"} == {"sglang-0.4-rocm"}
     later = [row for row in rows if row not in early]  # gpt-oss-20b (Aug 2025), DeepSeek-V3 on B200 (Jun 2025)
     assert later and {score.row_engine(row) for row in later} == {"sglang"}
 

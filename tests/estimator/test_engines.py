@@ -122,6 +122,20 @@ def test_an_engine_with_a_rocm_build_runs_it_on_amd_gpus() -> None:
     assert estimate("deepseek-r1", "h200", weights="fp8", tp=8, engine="vllm-0.7").engine == "vllm-0.7"
 
 
+def test_sglang_0_4_runs_its_rocm_build_on_amd_gpus() -> None:
+    """SGLang 0.4's ROCm build has its own fitted floor (fold D amendment 4); the rest is the CUDA profile's."""
+    early = resolve_engine("sglang-0.4")
+    assert early.rocm_profile == "sglang-0.4-rocm"
+    rocm = resolve_engine("sglang-0.4-rocm")
+    assert rocm.inherits == "sglang-0.4" and rocm.rocm_profile is None
+    assert engine_for_device(early, resolve_hardware("mi300x")) == rocm
+    assert engine_for_device(early, resolve_hardware("h200")).key == "sglang-0.4"
+    assert rocm.kernel_overhead_s.value != early.kernel_overhead_s.value
+    assert rocm.sequence_overhead_s.value == early.sequence_overhead_s.value
+    assert rocm.fp8_moe_gemm_efficiency == early.fp8_moe_gemm_efficiency and rocm.prefill_first == early.prefill_first
+    assert estimate("deepseek-r1", "mi300x", weights="fp8", tp=8, engine="sglang-0.4").engine == "sglang-0.4-rocm"
+
+
 def test_every_rocm_build_named_is_a_gpu_profile() -> None:
     """A `rocm_profile` names a catalog profile that runs on GPUs and names no further build of its own."""
     for key in engine_names():
@@ -470,7 +484,7 @@ def test_early_engines_launch_an_activation_quant_kernel_per_fp8_linear() -> Non
     assert r1.decode_linears == 61 * (4 + 2) + 58 * 2 == 482
     assert lite.decode_linears == 27 * (3 + 2) + 26 * 2  # no query LoRA: one q_proj
     assert llama.decode_linears == 32 * (2 + 2)  # fused qkv and o, gate_up and down
-    for key in ("vllm-0.7", "vllm-0.7-rocm", "sglang-0.4"):
+    for key in ("vllm-0.7", "vllm-0.7-rocm", "sglang-0.4", "sglang-0.4-rocm"):
         early = catalog_engine(key)
         base = r1.decode_kernels * early.kernel_fraction.value
         assert early.decode_kernels(r1.decode_kernels, r1.decode_linears, "fp8") == base + 482
