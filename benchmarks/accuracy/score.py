@@ -813,14 +813,13 @@ def fit_step_costs(lines: list[EngineStep]) -> tuple[float, float]:
     return fitted
 
 
-def _shipped_fold_d(profile: str, field: str) -> float | None:
+def _shipped_fold_d(profile: str, field: str, held: bool = False) -> float | None:
+    """The catalog's value of a fold-D field: None where it is not fitted on fold D, unless ``held`` (a value the fit
+    keeps from the parent profile, whatever its basis; 0 where none is set)."""
     value = getattr(catalog_engine(profile), field)
+    if held:
+        return 0.0 if value is None else float(value.value)
     return None if value is None or value.fitted != "D" else float(value.value)
-
-
-def _profile_value(profile: str, field: str) -> float:
-    value = getattr(catalog_engine(profile), field)
-    return 0.0 if value is None else float(value.value)
 
 
 def print_engine_step_fit() -> int:
@@ -842,7 +841,7 @@ def print_engine_step_fit() -> int:
                   f"{predicted * 1e3:,.1f} ms ({100 * (predicted / line.measured_s - 1):+.1f}%)")
         held = inherited_sequence_overhead_s(mine)
         shipped = (_shipped_fold_d(profile, "kernel_overhead_s"),
-                   _shipped_fold_d(profile, "sequence_overhead_s") if held is None else _profile_value(profile, "sequence_overhead_s"))
+                   _shipped_fold_d(profile, "sequence_overhead_s", held=held is not None))
         same = all(s is not None and abs(s - f) < 0.25e-6 for s, f in zip(shipped, fitted))
         shown = ", ".join("not fitted on fold D" if s is None else f"{s * 1e6:.1f} us" for s in shipped)
         per_sequence = (f"{fitted[1] * 1e6:.1f} us per sequence" if held is None else
