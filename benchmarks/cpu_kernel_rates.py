@@ -10,7 +10,8 @@ carries the rates fitted from that file (fold C: the project's own runs, never t
 What it runs, all local, nothing downloaded but the llama-cpp-python sdist that `scripts/build_llama_server.sh`
 already fetches (or, with `--llama-cpp-python VERSION`, that version's sdist from PyPI, to measure an older llama.cpp):
 1. builds `llama-bench` and `llama-quantize` from that sdist's llama.cpp with the AVX-512 kernels a native build on
-   a Zen 4 machine selects (cached beside the llama-server build, or under <cache>/llama-cpp/VERSION);
+   a Zen 4 machine selects, or with `--portable` as llama-cpp-python is installed (GGML_NATIVE=OFF: AVX2), cached
+   beside the llama-server build or under <cache>/llama-cpp/VERSION;
 2. writes synthetic F16 models with random weights (kernel speed does not depend on the values): for prefill, two
    layers with Llama-3.1-8B's matrices (hidden 4096, FFN 14336, 32 / 8 heads; SmolLM2's 49,152-token vocabulary,
    tied embeddings); for decode, one small layer at two FFN widths with a 1,024-token vocabulary, small enough to stay
@@ -31,6 +32,8 @@ matrices' weights, a pp's count the LM head once per prompt (llama.cpp computes 
     python benchmarks/cpu_kernel_rates.py --types q4_0,q8_0 --out /tmp/k.csv
     # llama.cpp build 3441 (081fe43, 2024-07-23), the build of the 7950X rows: [llama-cpp-cpu-b3441]
     python benchmarks/cpu_kernel_rates.py --llama-cpp-python 0.2.83 --out benchmarks/accuracy/cpu_kernels_b3441.csv
+    # the build `speedlimit verify` runs (llama-cpp-python with GGML_NATIVE=OFF): [llama-cpp-cpu-portable]
+    python benchmarks/cpu_kernel_rates.py --portable --out benchmarks/accuracy/cpu_kernels_portable.csv
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+from speedlimit.verify.clock import CLOCK_C, compile_probe, run_probe
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -92,26 +97,6 @@ PREFILL_SHAPE = Shape("8b-matrices", 4096, 14336, 32, 8, 2, None)
 # dispatch, attention, the head) are the same in both and cancel; the estimate prices those apart.
 DECODE_SHAPES = (Shape("in-cache-narrow", 1024, 512, 8, 2, 1, 1024), Shape("in-cache-wide", 1024, 3072, 8, 2, 1, 1024))
 
-CLOCK_C = r"""
-#include <stdio.h>
-#include <time.h>
-int main(void) {
-    const long n = 300000000L;
-    long x = 0, one = 1;
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
-    /* register-register adds: Intel's Golden Cove folds add-immediate chains at rename (a first run on a Xeon
-       read 9 GHz with "add $1"), a dependent register add still retires one per cycle */
-    for (long i = 0; i < n; i++) {
-        __asm__ volatile("add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
-                         "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0" : "+r"(x) : "r"(one));
-    }
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
-    printf("%.0f\n", (double)n * 10.0 / s);
-    return x == 42;
-}
-"""
 
 
 def log(message: str) -> None:
@@ -138,18 +123,23 @@ def llama_cpp_source(version: str | None) -> tuple[Path, Path]:
     return source, root
 
 
-def build_tools(cache: Path | None, version: str | None = None) -> Path:
-    """llama-bench and llama-quantize with Zen 4's AVX-512 kernels, from a llama-cpp-python sdist's llama.cpp."""
+# Zen 4's AVX-512 kernels: what a native build on the dev VM (and on the Ryzen 9 7950X of the published rows) selects
+ZEN4_FLAGS = ["-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON"]
+
+
+def build_tools(cache: Path | None, version: str | None = None, portable: bool = False) -> Path:
+    """llama-bench and llama-quantize from a llama-cpp-python sdist's llama.cpp: with Zen 4's AVX-512 kernels, or
+    (``portable``) built as README's install line builds llama-cpp-python, GGML_NATIVE=OFF and nothing else
+    (ggml then enables SSE4.2, AVX, AVX2, BMI2, FMA and F16C, no AVX-512)."""
     source, root = llama_cpp_source(version)
-    build = cache if cache else root / "build-zen4"
+    build = cache if cache else root / ("build-portable" if portable else "build-zen4")
     bench, quantize = build / "bin" / "llama-bench", build / "bin" / "llama-quantize"
     if bench.exists() and quantize.exists():
         return build / "bin"
     log(f"building llama-bench and llama-quantize into {build} (several minutes)")
     # LLAMA_BUILD_EXAMPLES=ON: llama.cpp of 2024 keeps both tools among its examples (later ones under tools/)
     subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
-                    "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", *([] if portable else ZEN4_FLAGS), "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF",
                     "-DLLAMA_CURL=OFF"], check=True, capture_output=True)
     subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "llama-quantize",
@@ -247,14 +237,13 @@ def write_imatrix(path: Path, shape: Shape) -> None:
 
 
 def clock_hz(work: Path, copies: int) -> float:
-    """The core clock with ``copies`` cores busy: dependent adds retire one per cycle."""
-    source, binary = work / "clock.c", work / "clock"
+    """The core clock with ``copies`` cores busy: dependent adds retire one per cycle (`speedlimit.verify.clock`,
+    the probe `speedlimit verify` times too; 3e9 adds, about a second)."""
+    binary = work / "clock"
     # a reused --work folder may hold the binary of an older chain (the add-immediate one): rebuild when it differs
-    if not binary.exists() or not source.exists() or source.read_text() != CLOCK_C:
-        source.write_text(CLOCK_C)
-        subprocess.run(["cc", "-O1", "-o", str(binary), str(source)], check=True)
-    runs = [subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True) for _ in range(copies)]
-    return min(float(run.communicate()[0]) for run in runs)
+    if not binary.exists() or not (work / "clock.c").exists() or (work / "clock.c").read_text() != CLOCK_C:
+        compile_probe(work)
+    return run_probe(binary, copies, iterations=300_000_000)
 
 
 def cpu_name() -> str:
@@ -290,13 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="keep the types --out already holds, run the rest")
     parser.add_argument("--llama-cpp-python", dest="version", default=None, metavar="VERSION",
                         help="measure the llama.cpp vendored in this llama-cpp-python sdist (default: the pinned one)")
+    parser.add_argument("--portable", action="store_true",
+                        help="build as llama-cpp-python is installed (GGML_NATIVE=OFF: AVX2, no AVX-512) instead of Zen 4's kernels")
     args = parser.parse_args(argv)
     wanted = [t.strip().upper() for t in args.types.split(",") if t.strip()]
     unknown = [t for t in wanted if t not in TYPES]
     if unknown:
         parser.error(f"unknown type(s) {', '.join(unknown)}; known: {', '.join(t.lower() for t in TYPES)}")
     cores = os.cpu_count() or 1
-    tools = build_tools(args.build, args.version)
+    tools = build_tools(args.build, args.version, args.portable)
     work = args.work or Path(tempfile.mkdtemp(prefix="speedlimit-kernels-"))
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = smollm2_tokenizer()

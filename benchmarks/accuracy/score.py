@@ -628,7 +628,8 @@ def print_gemm_fit(all_rows: list[Row]) -> int:
 
 KERNELS_CSV = Path(__file__).with_name("cpu_kernels.csv")
 # each measured llama.cpp version's fold-C file -> the engine profile that ships its rates
-KERNEL_FILES = {"llama-cpp-cpu": KERNELS_CSV, "llama-cpp-cpu-b3441": Path(__file__).with_name("cpu_kernels_b3441.csv")}
+KERNEL_FILES = {"llama-cpp-cpu": KERNELS_CSV, "llama-cpp-cpu-b3441": Path(__file__).with_name("cpu_kernels_b3441.csv"),
+                "llama-cpp-cpu-portable": Path(__file__).with_name("cpu_kernels_portable.csv")}
 
 
 def kernel_rates_from(path: Path = KERNELS_CSV) -> dict[str, list[float]]:

@@ -277,7 +277,7 @@ def test_a_dp_attention_layout_is_attention_data_parallel_and_experts_over_every
 # fold C: llama.cpp's CPU kernel rates (cpu_kernels.csv, benchmarks/cpu_kernel_rates.py)
 
 # each measured llama.cpp version's file and the commit its rows must name (SOURCES.md, fold C and its amendment)
-KERNEL_FILES = {"cpu_kernels.csv": "0c1e570", "cpu_kernels_b3441.csv": "081fe43"}
+KERNEL_FILES = {"cpu_kernels.csv": "0c1e570", "cpu_kernels_b3441.csv": "081fe43", "cpu_kernels_portable.csv": "0c1e570"}
 
 
 def _kernel_records(name: str) -> list[dict[str, str]]:

@@ -79,6 +79,23 @@ def test_verify_is_physical(verify_run: tuple[dict, dict]) -> None:
     assert result["prefill_tok_s_measured"] > 0 and result["ttft_s_measured"] > 0
 
 
+def test_verify_prices_the_kernels_of_the_build_it_ran(verify_run: tuple[dict, dict]) -> None:
+    """The engine's own system info picks the measured kernel rates (README's install line builds llama-cpp-python
+    with GGML_NATIVE=OFF: AVX2), priced at the clock verify measured; where either is missing it says why."""
+    from speedlimit.verify.run import kernel_profile_for
+
+    _, result = verify_run
+    clock, engine_info = result["machine"]["clock"], result["engine"]
+    profile, _ = kernel_profile_for(engine_info["system_info"])
+    if clock["hz_one_core"] is None:
+        assert engine_info["kernel_profile"] is None and "clock not measured" in engine_info["kernel_profile_basis"]
+        return
+    assert 5e8 < clock["hz_all_busy"] and clock["hz_one_core"] < 7e9 and clock["busy_cores"] == result["threads"]
+    assert engine_info["kernel_profile"] == profile and engine_info["kernel_profile_basis"]
+    if profile is not None:
+        assert "kernels" in result["default_efficiency"]["basis"] and "GHz" in result["default_efficiency"]["basis"]
+
+
 @pytest.mark.parametrize("delay_s", [0.2, 1.0, 2.5])
 def test_sigint_during_verify_keeps_a_partial_result(tmp_path: Path, delay_s: float) -> None:
     """A real Ctrl-C while llama.cpp runs: no "Exception ignored ... llama_log_callback", no minute of running on,

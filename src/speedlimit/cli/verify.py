@@ -75,6 +75,11 @@ def render_verify(console: Console, result: VerifyResult) -> None:
     matmul = result.matmul
     bw.add_row(f"matmul fp32 {matmul.n}²", "BLAS", f"{matmul.best_flops / 1e9:,.1f} GFLOP/s",
                " ".join(f"{r / 1e9:.0f}" for r in matmul.runs_flops))
+    clock = machine.clock
+    if clock is not None and clock.hz_one_core is not None:
+        bw.add_row("clock (dependent adds)", "1", f"{clock.hz_one_core / 1e9:.2f} GHz", "")
+        if clock.busy_cores > 1 and clock.hz_all_busy is not None:
+            bw.add_row("clock (dependent adds)", str(clock.busy_cores), f"{clock.hz_all_busy / 1e9:.2f} GHz", "slowest core")
     console.print(bw)
     console.print(f"[dim]bandwidth counted as STREAM does (no write-allocate); roofline uses "
                   f"{_gb(result.measured_bandwidth_Bps)} GB/s = {result.bandwidth.basis}[/dim]")
@@ -107,9 +112,18 @@ def render_verify(console: Console, result: VerifyResult) -> None:
     eff = result.default_efficiency
     console.print(f"bytes streamed per token: {result.bytes_per_token / 1e6:,.1f} MB   FLOPs per token: "
                   f"{result.flops_per_token / 1e9:,.2f} G   regime: [bold]{result.regime}-bound[/bold]")
-    console.print(f"[dim]predicted = estimator on the measured bandwidth/FLOPs with default CPU efficiencies "
-                  f"(bw {eff.bw_efficiency:g}, FLOPs {eff.flops_efficiency:g}, overhead "
-                  f"{eff.step_overhead_s * 1e3:g} ms); limit = 100% of measured, no overhead[/dim]")
+    if engine.kernel_profile:
+        console.print(f"[dim]predicted = estimator on the measured bandwidth with default CPU efficiencies (bw "
+                      f"{eff.bw_efficiency:g}, overhead {eff.step_overhead_s * 1e3:g} ms) and llama.cpp's kernel rates "
+                      f"for this build at the measured clock (profile {escape(engine.kernel_profile)}: "
+                      f"{escape(engine.kernel_profile_basis)}); limit = 100% of measured bandwidth and BLAS FLOP/s, "
+                      f"no overhead[/dim]")
+    else:
+        console.print(f"[dim]predicted = estimator on the measured bandwidth/FLOPs with default CPU efficiencies "
+                      f"(bw {eff.bw_efficiency:g}, FLOPs {eff.flops_efficiency:g}, overhead "
+                      f"{eff.step_overhead_s * 1e3:g} ms); limit = 100% of measured, no overhead[/dim]")
+        if engine.kernel_profile_basis:
+            console.print(f"[dim]no kernel rates: {escape(engine.kernel_profile_basis)}[/dim]")
 
     contexts = [p for p in result.decode if p.kind == "context"]
     if contexts:

@@ -1,6 +1,7 @@
 """`speedlimit verify` and `speedlimit calibrate`: measure this machine, run a real model, compare with the estimator.
 
-Modules: `membench` (STREAM-style bandwidth and numpy matmul FLOP/s), `engine` (llama-cpp-python runner:
+Modules: `membench` (STREAM-style bandwidth and numpy matmul FLOP/s), `clock` (the core clock, timed with a
+dependent-add chain), `topology` (sockets, NUMA nodes, cores), `engine` (llama-cpp-python runner:
 prefill/decode timing, crash-safe preflight), `run` (orchestration, predictions and the result record),
-`command` (the typer commands). The fitting side of `calibrate` lives in `speedlimit.verify.fit`.
+the typer commands are `speedlimit.cli.verify`. The fitting side of `calibrate` lives in `speedlimit.verify.fit`.
 """

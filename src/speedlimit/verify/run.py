@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import statistics
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from speedlimit.estimator import core
 from speedlimit.estimator.api import Estimate, cost_model, estimate
 from speedlimit.hardware import Hardware
 from speedlimit.precision import parse_precision
-from speedlimit.verify import membench
+from speedlimit.verify import clock, membench
 from speedlimit.verify.topology import CpuLayout, detect_layout
 
 MIB = 1024 * 1024
@@ -128,11 +129,21 @@ class _Stop(Exception):
 # --- the result artifact ----------------------------------------------------------------------------
 
 
+class ClockInfo(BaseModel):
+    """The core clock measured with one core and with the run's threads busy (`speedlimit.verify.clock`)."""
+
+    hz_one_core: float | None = None
+    hz_all_busy: float | None = None
+    busy_cores: int = 1
+    basis: str = ""
+
+
 class MachineInfo(BaseModel):
     cpu: str = ""
     cores: int = 1  # logical CPUs this process may run on
     memory_bytes: float | None = None
     layout: CpuLayout | None = None  # sockets, NUMA nodes, cores, threads per core (None: verify before detection)
+    clock: ClockInfo | None = None  # None: a result written before verify measured clocks
     load_average_start: list[float] | None = None
     load_average_end: list[float] | None = None
 
@@ -177,6 +188,9 @@ class EngineInfo(BaseModel):
     kv_type: str = KV_TYPE
     sampling: str = ""
     preflight: dict[str, float] = Field(default_factory=dict)
+    # the engine profile whose measured kernel rates price the prediction (None: bandwidth and BLAS FLOP/s only)
+    kernel_profile: str | None = None
+    kernel_profile_basis: str = ""
 
 
 class PrefillPoint(BaseModel):
@@ -264,19 +278,49 @@ class VerifyResult(Artifact):
 # --- predictions ------------------------------------------------------------------------------------
 
 
-def measured_hardware(bandwidth_Bps: float, flops: float, memory_bytes: float | None, label: str) -> Hardware:
-    """This machine as the estimator sees it: measured bandwidth and fp32 FLOP/s, kind ``cpu``."""
+def measured_hardware(bandwidth_Bps: float, flops: float, memory_bytes: float | None, label: str,
+                      threads: int | None = None, clock_hz: tuple[float, float] | None = None) -> Hardware:
+    """This machine as the estimator sees it: measured bandwidth and fp32 FLOP/s, kind ``cpu``.
+
+    With ``threads`` and ``clock_hz`` (the measured clock with one core and with ``threads`` cores busy) it is a
+    ``threads``-core CPU at those clocks, so an engine profile's per-cycle kernel rates can price its matmuls; the
+    bandwidth stays the one measured at that thread count (no per-core or NUMA limit is applied to it)."""
+    layout: dict[str, Any] = {}
+    if threads is not None and clock_hz is not None:
+        one, busy = clock_hz
+        layout = dict(sockets=1, cores_per_socket=threads, threads_per_core=1,
+                      base_clock_hz=min(one, busy) if threads > 1 else one, boost_clock_hz=max(one, busy) if threads > 1 else one)
     try:
         return Hardware(key="this-machine", name=f"this machine ({label})", vendor="measured", kind="cpu",
                         memory_bandwidth_Bps=bandwidth_Bps, memory_bytes=memory_bytes, flops={"fp32": flops},
-                        source="speedlimit verify")
+                        source="speedlimit verify", **layout)
     except ValueError as error:
         raise SpeedlimitError(f"measured figures are unusable ({error})") from None
 
 
-def predict(arch: Architecture, hardware: Hardware, prompt: int, output: int) -> tuple[Estimate, Estimate]:
-    """(default-efficiency estimate, roofline-limit estimate at 100 % efficiency and no overhead)."""
-    default = estimate(arch, hardware, prompt=prompt, output=output, kv="fp16")
+def kernel_profile_for(system_info: str) -> tuple[str | None, str]:
+    """(engine profile, why) whose measured CPU kernel rates match the build llama.cpp reports in its system info.
+
+    The rates are per build: `[llama-cpp-cpu]` was measured with AVX-512 kernels, `[llama-cpp-cpu-portable]` as
+    README's install line builds llama-cpp-python (GGML_NATIVE=OFF: AVX2, no AVX-512). Other builds (ARM, AVX only)
+    have no measured rates: None, and the prediction prices bandwidth and BLAS FLOP/s only."""
+    # "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | ... |" (one line per backend in newer builds)
+    features = {name.split(":")[-1].strip().upper(): value.strip()
+                for name, sep, value in (item.partition("=") for item in re.split(r"[|\n]", system_info)) if sep}
+    if features.get("AVX512") == "1":
+        return "llama-cpp-cpu", "the build reports AVX512 = 1: the AVX-512 kernels fold C measured"
+    if features.get("AVX2") == "1":
+        return "llama-cpp-cpu-portable", "the build reports AVX2 = 1 without AVX512: the GGML_NATIVE=OFF kernels fold C measured"
+    return None, "no measured kernel rates for this build (neither AVX512 nor AVX2 in its system info)"
+
+
+def predict(arch: Architecture, hardware: Hardware, prompt: int, output: int,
+            engine: str | None = None) -> tuple[Estimate, Estimate]:
+    """(default-efficiency estimate, roofline-limit estimate at 100 % efficiency and no overhead).
+
+    ``engine``: the profile whose kernel rates price the default estimate's matmuls (where ``hardware`` has clocks);
+    the limit is always the measured bandwidth and BLAS FLOP/s at 100 %."""
+    default = estimate(arch, hardware, prompt=prompt, output=output, kv="fp16", **({"engine": engine} if engine else {}))
     limit = estimate(arch, hardware, prompt=prompt, output=output, kv="fp16",
                      bw_efficiency=1.0, flops_efficiency=1.0, step_overhead_s=0.0)
     return default, limit
@@ -335,7 +379,7 @@ def check_fits(model: ModelInfo, n_ctx: int, memory_bytes: float | None) -> floa
 
 def total_steps(settings: VerifySettings) -> int:
     thread_configs = 2 if settings.single_thread and settings.threads > 1 else 1
-    bandwidth = 4 * thread_configs  # 3 kernels and a matmul per thread count
+    bandwidth = 4 * thread_configs + 1  # 3 kernels and a matmul per thread count, and the clock
     engine = 1 + thread_configs * (1 + settings.runs) + len(settings.contexts)  # preflight, warm-up + runs, contexts
     return bandwidth + engine + 1  # + predictions
 
@@ -428,16 +472,19 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
         membench.measure_matmul_flops(settings.matmul_n, repeats=3, on_step=step)
     result.matmul = MatmulInfo(**matmul.to_dict(), threads=pinned or "numpy BLAS default (all cores)")
     result.measured_flops = matmul.best_flops
-    hardware = {
-        settings.threads: measured_hardware(best_all.best_Bps, matmul.best_flops, memory_bytes, f"{settings.threads} threads"),
-    }
+    measured = {settings.threads: (best_all.best_Bps, matmul.best_flops)}  # threads -> (bandwidth, FLOP/s)
     if best_one is not None:
         single = membench.measure_matmul_flops(settings.matmul_n, repeats=3, threads=1, on_step=step)
         # Where BLAS threads cannot be pinned, 1 thread's FLOP/s is taken as the all-core figure ÷ cores.
         single_flops = single.best_flops if single else matmul.best_flops / max(cores, 1)
         result.matmul_single_thread = MatmulInfo(**single.to_dict(), threads=1) if single else MatmulInfo(
             best_flops=single_flops, threads=1, basis="all-core BLAS figure ÷ cores (BLAS threads not settable)")
-        hardware[1] = measured_hardware(best_one.best_Bps, single_flops, memory_bytes, "1 thread")
+        measured[1] = (best_one.best_Bps, single_flops)
+    save()
+    step(f"clock: dependent adds at 1 and {settings.threads} busy cores")
+    clocks = clock.measure_clock(settings.threads)
+    result.machine.clock = ClockInfo(hz_one_core=clocks.hz_one_core, hz_all_busy=clocks.hz_all_busy,
+                                     busy_cores=clocks.busy_cores, basis=clocks.basis)
     save()
 
     # 2. the engine ----------------------------------------------------------------------------------
@@ -451,12 +498,26 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
         sampling="greedy argmax over the last logits; exactly decode_tokens tokens per run (EOS is not a stop)",
         preflight={k: check[k] for k in ("tokens", "prefill_s", "decode_s")},
     )
+    profile, why = kernel_profile_for(result.engine.system_info)
+    if profile is not None and clocks.hz_one_core is None:
+        profile, why = None, f"{why}, but {clocks.basis}: bandwidth and BLAS FLOP/s only"
+    result.engine.kernel_profile, result.engine.kernel_profile_basis = profile, why
     save()
+
+    def machine_at(threads: int) -> Hardware:
+        bandwidth, flops = measured[threads]
+        label = f"{threads} thread{'s' if threads > 1 else ''}"
+        if profile is None or clocks.hz_one_core is None or clocks.hz_all_busy is None:
+            return measured_hardware(bandwidth, flops, memory_bytes, label)
+        busy = clocks.hz_all_busy if threads > 1 else clocks.hz_one_core
+        return measured_hardware(bandwidth, flops, memory_bytes, label, threads=threads, clock_hz=(clocks.hz_one_core, busy))
+
+    hardware = {threads: machine_at(threads) for threads in measured}
 
     def add_points(threads: int, prefill_s: list[float], decode_s: list[float]) -> None:
         hw = hardware[threads]
         prompt, count = settings.prompt_tokens, settings.decode_tokens
-        default, limit = predict(arch, hw, prompt, count)
+        default, limit = predict(arch, hw, prompt, count, profile)
         ttft = _median(prefill_s)
         p_bytes, p_flops = step_work(arch, "prefill", prompt)
         result.prefill.append(PrefillPoint(
@@ -508,7 +569,7 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
                     start = runner.n_tokens
                     rates = [settings.decode_tokens / runner.decode(settings.decode_tokens)[0] for _ in range(settings.runs)]
                     span = settings.runs * settings.decode_tokens
-                    default, limit = predict(arch, hardware[threads], start, span)
+                    default, limit = predict(arch, hardware[threads], start, span, profile)
                     result.decode.append(decode_point("context", threads, start, span, rates, default, limit, hardware[threads]))
                     save()
         finally:
@@ -518,7 +579,7 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
     step("predictions")
     base = next(p for p in result.decode if p.kind == "base" and p.threads == settings.threads)
     prefill = next(p for p in result.prefill if p.threads == settings.threads)
-    default, limit = predict(arch, hardware[settings.threads], settings.prompt_tokens, settings.decode_tokens)
+    default, limit = predict(arch, hardware[settings.threads], settings.prompt_tokens, settings.decode_tokens, profile)
     result.threads = settings.threads
     result.decode_tok_s_measured = base.tok_s
     result.decode_tok_s_predicted = base.tok_s_predicted
