@@ -32,7 +32,7 @@ matrices' weights, a pp's count the LM head once per prompt (llama.cpp computes 
     python benchmarks/cpu_kernel_rates.py --types q4_0,q8_0 --out /tmp/k.csv
     # llama.cpp build 3441 (081fe43, 2024-07-23), the build of the 7950X rows: [llama-cpp-cpu-b3441]
     python benchmarks/cpu_kernel_rates.py --llama-cpp-python 0.2.83 --out benchmarks/accuracy/cpu_kernels_b3441.csv
-    # the build `speedlimit verify` runs (llama-cpp-python with GGML_NATIVE=OFF): [llama-cpp-cpu-portable]
+    # the build `speedlimit verify` runs (llama-cpp-python with GGML_NATIVE=OFF): [llama-cpp-cpu-avx2]
     python benchmarks/cpu_kernel_rates.py --portable --out benchmarks/accuracy/cpu_kernels_portable.csv
 """
 

@@ -629,7 +629,7 @@ def print_gemm_fit(all_rows: list[Row]) -> int:
 KERNELS_CSV = Path(__file__).with_name("cpu_kernels.csv")
 # each measured llama.cpp version's fold-C file -> the engine profile that ships its rates
 KERNEL_FILES = {"llama-cpp-cpu": KERNELS_CSV, "llama-cpp-cpu-b3441": Path(__file__).with_name("cpu_kernels_b3441.csv"),
-                "llama-cpp-cpu-portable": Path(__file__).with_name("cpu_kernels_portable.csv")}
+                "llama-cpp-cpu-avx2": Path(__file__).with_name("cpu_kernels_portable.csv")}
 
 
 def kernel_rates_from(path: Path = KERNELS_CSV) -> dict[str, list[float]]:
@@ -677,6 +677,41 @@ def thread_scaling_from(path: Path) -> list[list[float]]:
     return [[n, float(f"{float(np.median([rate[kind, n] / rate[kind, 2] for kind in kinds])):.3g}")] for n in counts]
 
 
+# each measured build's fold-C graph-overhead run -> (the profile that ships its per-node and per-step costs, the
+# kernel-rate file whose in-cache f16 decode rate prices the tiny models' multiply-accumulates)
+GRAPH_FILES = {"llama-cpp-cpu": (Path(__file__).with_name("cpu_graph_overhead.csv"), KERNELS_CSV),
+               "llama-cpp-cpu-avx2": (Path(__file__).with_name("cpu_graph_overhead_portable.csv"),
+                                          Path(__file__).with_name("cpu_kernels_portable.csv"))}
+
+
+def graph_overhead_from(path: Path, kernels_path: Path) -> dict[int, tuple[float, float]]:
+    """Fold C's per-node and per-step CPU costs (SOURCES.md, "Fold C amendment 5"), at each thread count run:
+    threads -> (seconds per graph node, seconds per step), to 3 significant digits.
+
+    Per node: the 33-layer model's seconds per token less the 1-layer model's, less the 32 extra layers'
+    multiply-accumulates at the build's in-cache f16 decode rate (kernel_rates_from's, per cycle per thread, at the
+    row's clock and threads), over 32 x `DENSE_LAYER_KERNELS` nodes. Per step: the 1-layer model's seconds per token
+    less its (DENSE_LAYER_KERNELS + STEP_KERNELS) nodes at that cost and its multiply-accumulates at that rate."""
+    from speedlimit.architecture import DENSE_LAYER_KERNELS, STEP_KERNELS
+
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    f16_rate = kernel_rates_from(kernels_path)["f16"][0]
+    out: dict[int, tuple[float, float]] = {}
+    for threads in sorted({int(row["threads"]) for row in rows}):
+        shallow, deep = (next(r for r in rows if int(r["threads"]) == threads and int(r["layers"]) == layers) for layers in (1, 33))
+
+        def mac_s(row: dict[str, str], macs: float) -> float:
+            return macs / (f16_rate * float(row["clock_hz"]) * threads)
+
+        extra = int(deep["layers"]) - int(shallow["layers"])
+        layer_macs = (int(deep["macs_per_token"]) - int(shallow["macs_per_token"])) / extra
+        per_node = (1.0 / float(deep["tok_s"]) - 1.0 / float(shallow["tok_s"]) - extra * mac_s(deep, layer_macs)) / (extra * DENSE_LAYER_KERNELS)
+        per_step = 1.0 / float(shallow["tok_s"]) - (DENSE_LAYER_KERNELS + STEP_KERNELS) * per_node - mac_s(shallow, int(shallow["macs_per_token"]))
+        out[threads] = (float(f"{per_node:.3g}"), float(f"{max(per_step, 0.0):.3g}"))
+    return out
+
+
 def print_cpu_kernel_fit() -> int:
     """Check that the catalog ships fold C's CPU kernel rates, for each llama.cpp version measured; 1 when not."""
     status = 0
@@ -697,6 +732,19 @@ def print_cpu_kernel_fit() -> int:
         if not wrong:
             print("  shipped = the fold-C fit for every type")
         status |= 1 if wrong else 0
+    for profile, (path, kernels_path) in GRAPH_FILES.items():
+        measured = graph_overhead_from(path, kernels_path)
+        most = max(measured)
+        fitted = measured[most]
+        engine = catalog_engine(profile)
+        shipped = (engine.kernel_overhead_s.value if engine.kernel_overhead_s else None,
+                   engine.step_overhead_s.value if engine.step_overhead_s else None)
+        same = shipped == fitted
+        listed = ", ".join(f"{n} thread{'s' if n > 1 else ''}: {node * 1e6:.3g} us/node, {step * 1e6:.3g} us/step"
+                           for n, (node, step) in measured.items())
+        print(f"  [{profile}] kernel_overhead_s, step_overhead_s {shipped} {'=' if same else '!='} fold C {path.name} at "
+              f"{most} threads {fitted} ({listed}){'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
+        status |= 0 if same else 1
     for profile, path in THREAD_FILES.items():
         fitted = thread_scaling_from(path)
         shipped = (catalog_engine(profile).prefill_thread_scaling or Sourced(value=[], fitted="C")).value

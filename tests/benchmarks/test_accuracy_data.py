@@ -331,6 +331,40 @@ def test_shipped_kernel_rates_are_the_fold_c_fit(score, capsys) -> None:
     assert score.print_cpu_kernel_fit() == 0, capsys.readouterr().out
 
 
+def test_the_graph_overhead_fit_differences_the_layer_counts_and_prices_the_macs(score, tmp_path) -> None:
+    """Per node: the 32 extra layers' time less their MACs at the in-cache f16 rate, over 32 x 22 nodes; per step:
+    the 1-layer model's time less its 28 nodes and its MACs (SOURCES.md, "Fold C amendment 5")."""
+    kernels = tmp_path / "k.csv"
+    kernels.write_text(
+        "type,model,test,threads,tok_s,macs_per_token,clock_hz,macs_per_cycle_per_thread\n"
+        "f16,in-cache-narrow,tg512,1,1000,1000000,1e9,1.0\n"
+        "f16,in-cache-wide,tg512,1,333.3333333,5000000,1e9,1.67\n"  # 2.0 MACs per cycle (see below)
+        "f16,8b-matrices,pp512,2,100,1000,1e9,12.3\n")
+    graph = tmp_path / "g.csv"
+    # 1 thread: 1 layer 200 us a token with 2e4 MACs, 33 layers 200 + 32 x 100 us with 2e4 + 32 x 1e4 MACs (1e4 MACs
+    # at 2 MACs/cycle at 1 GHz = 5 us), so a layer's 22 nodes cost 95 us; 2 threads: 1 layer 100 us, each layer's
+    # MACs 2.5 us, so 97.5 us for 22 nodes, which leave the 1-layer model nothing for its step
+    graph.write_text(
+        "model,layers,test,threads,tok_s,macs_per_token,clock_hz\n"
+        "tiny-1-layer,1,tg256,1,5000,20000,1e9\n"
+        "tiny-33-layers,33,tg256,1,294.1176471,340000,1e9\n"
+        "tiny-1-layer,1,tg256,2,10000,20000,1e9\n"
+        "tiny-33-layers,33,tg256,2,303.0303030,340000,1e9\n")
+    fitted = score.graph_overhead_from(graph, kernels)
+    node_1, node_2 = 95e-6 / 22, 97.5e-6 / 22
+    assert fitted[1] == (pytest.approx(node_1, rel=2e-3), pytest.approx(200e-6 - 28 * node_1 - 10e-6, rel=5e-3))
+    assert fitted[2] == (pytest.approx(node_2, rel=2e-3), 0.0)  # a negative remainder is no cost
+
+
+def test_each_graph_overhead_file_ships_as_its_profile(score) -> None:
+    for profile, (path, kernels_path) in score.GRAPH_FILES.items():
+        measured = score.graph_overhead_from(path, kernels_path)
+        engine = score.catalog_engine(profile)
+        assert (engine.kernel_overhead_s.value, engine.step_overhead_s.value) == measured[max(measured)], profile
+        assert engine.kernel_overhead_s.fitted == engine.step_overhead_s.fitted == "C"
+        assert all(0 < node < 1e-5 and 0 <= step < 1e-3 for node, step in measured.values())
+
+
 def test_the_kernel_fit_differences_the_in_cache_runs_and_takes_all_threads_for_prefill(score, tmp_path) -> None:
     path = tmp_path / "k.csv"
     path.write_text(

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from speedlimit.artifacts import Distribution, PredictionBlock, RunSummary
-from speedlimit.catalog import default_efficiency, resolve_hardware, resolve_model
+from speedlimit.catalog import resolve_hardware, resolve_model
 from speedlimit.estimator import estimate
-from speedlimit.verify.fit import points_from_bench, points_from_verify, predicted_step_seconds
+from speedlimit.verify.fit import points_from_bench, points_from_verify, predicted_step_seconds, prior_efficiency
 from speedlimit.verify.run import DecodePoint, ModelInfo, PrefillPoint, VerifyResult, measured_hardware, step_work
 
 # (model, hardware, tp, batch, weights): memory-bound decode, so the mean step over the reply is the mid-context step
@@ -24,7 +24,7 @@ BENCH_CASES = [
 
 def prior_prediction(point, hardware: str) -> float:
     base = resolve_hardware(hardware)
-    return predicted_step_seconds(point, base.memory_bandwidth_Bps, base.peak_flops("bf16"), default_efficiency(base))
+    return predicted_step_seconds(point, base.memory_bandwidth_Bps, base.peak_flops("bf16"), prior_efficiency(base))
 
 
 @pytest.mark.parametrize(("model", "hardware", "tp", "batch", "weights"), BENCH_CASES)
@@ -55,7 +55,7 @@ def test_verify_points_before_fit_equal_estimate_on_the_measured_cpu() -> None:
         prefill=[PrefillPoint(threads=2, prompt_tokens=prompt, median_s=0.5, step_bytes=p_bytes, step_flops=p_flops)],
     )
     decode, prefill = points_from_verify(result, "verify.json")
-    efficiency = default_efficiency(hardware)
+    efficiency = prior_efficiency(hardware)
     flops = hardware.peak_flops("bf16")
     assert predicted_step_seconds(decode, 20e9, flops, efficiency) == pytest.approx(default.itl_s, rel=1e-9)
     assert predicted_step_seconds(prefill, 20e9, flops, efficiency) == pytest.approx(default.ttft_s, rel=1e-9)

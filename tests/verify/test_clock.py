@@ -56,7 +56,7 @@ def test_a_failing_compiler_gives_no_clock(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.parametrize(("info", "profile"), [
-    (WHEEL, "llama-cpp-cpu-portable"),
+    (WHEEL, "llama-cpp-cpu-avx2"),
     ("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 |", "llama-cpp-cpu"),
     ("CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 |\nMetal : EMBED_LIBRARY = 1 |", None),
     ("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 0 |", None),
@@ -77,14 +77,14 @@ def test_a_clocked_measured_machine_prices_the_builds_kernels_and_its_limit_does
     plain = measured_hardware(30e9, 200e9, 16e9, "2 threads")
     assert clocked.topology is not None and clocked.topology.cores == 2 and plain.topology is None
     assert clocked.core_clock_hz(2) == pytest.approx(3.5e9) and clocked.core_clock_hz(1) == pytest.approx(3.6e9)
-    priced = estimate("llama-3.1-8b", clocked, weights="q4_1", prompt=512, output=1, engine="llama-cpp-cpu-portable")
+    priced = estimate("llama-3.1-8b", clocked, weights="q4_1", prompt=512, output=1, engine="llama-cpp-cpu-avx2")
     assert priced.cpu_kernels == "q4_1" and "3.50 GHz with 2 cores busy" in priced.efficiency_basis
     avx512 = estimate("llama-3.1-8b", clocked, weights="q4_1", prompt=512, output=1, engine="llama-cpp-cpu")
-    portable_rate = catalog_engine("llama-cpp-cpu-portable").kernel_rate("q4_1")[1]
+    portable_rate = catalog_engine("llama-cpp-cpu-avx2").kernel_rate("q4_1")[1]
     avx512_rate = catalog_engine("llama-cpp-cpu").kernel_rate("q4_1")[1]
     assert portable_rate != avx512_rate  # the prefill GEMM is priced at each build's own measured rate
     assert avx512.ttft_s / priced.ttft_s == pytest.approx(portable_rate / avx512_rate, rel=0.1)
-    unpriced = estimate("llama-3.1-8b", plain, weights="q4_1", prompt=512, output=1, engine="llama-cpp-cpu-portable")
+    unpriced = estimate("llama-3.1-8b", plain, weights="q4_1", prompt=512, output=1, engine="llama-cpp-cpu-avx2")
     assert unpriced.cpu_kernels is None
     one = measured_hardware(20e9, 100e9, 16e9, "1 thread", threads=1, clock_hz=(3.6e9, 3.6e9))
     assert one.core_clock_hz(1) == pytest.approx(3.6e9)

@@ -232,11 +232,13 @@ def efficiency_defaults() -> dict[str, dict[str, Any]]:
     return _load_toml("efficiency.toml")
 
 
-def default_efficiency(hardware: Hardware) -> Efficiency:
+def default_efficiency(hardware: Hardware, engine: EngineProfile | None = None) -> Efficiency:
     """The achievable-fraction defaults for a device: its own fields (a calibrated profile) over its kind's.
 
     A record that sets its own ``step_overhead_s`` (a calibrated profile measured the whole per-step
-    cost) drops the kind's per-kernel term unless it sets ``kernel_overhead_s`` too.
+    cost) drops the kind's per-kernel term unless it sets ``kernel_overhead_s`` too. With ``engine`` (the profile
+    as it runs on this device, `engine_for_device`), its per-step and per-kernel costs stand over those, as the
+    estimator prices them, unless a calibrated profile measured the whole per-step cost.
     """
     table = efficiency_defaults()
     row = dict(table.get(hardware.kind) or table["gpu"])
@@ -247,6 +249,11 @@ def default_efficiency(hardware: Hardware) -> Efficiency:
     for field in ("bw_efficiency", "flops_efficiency", "step_overhead_s", "kernel_overhead_s"):
         if getattr(hardware, field) is not None:
             row[field] = getattr(hardware, field)
+    if engine is not None and not (hardware.calibrated_at and hardware.step_overhead_s is not None):
+        if engine.step_overhead_s is not None:
+            row["step_overhead_s"] = engine.step_overhead_s.value
+        if engine.kernel_overhead_s is not None:
+            row["kernel_overhead_s"] = engine.kernel_overhead_s.value
     fields = ("bw_efficiency", "flops_efficiency", "step_overhead_s", "kernel_overhead_s", "basis")
     return Efficiency(**{k: row[k] for k in fields if k in row})
 

@@ -280,10 +280,10 @@ def calibrate_command(
     for flag, value in (("--model", model), ("--engine", engine), ("--weights", weights), ("--kv", kv)):
         if value is not None:
             raise SpeedlimitError(f"{flag} applies to a bench run directory; verify results and summaries name their own")
-    from speedlimit.catalog import default_efficiency, resolve_hardware
+    from speedlimit.catalog import resolve_hardware
     from speedlimit.catalog.profiles import profile_path, profiles_dir, save_profile
     from speedlimit.estimator.api import bandwidth_reach
-    from speedlimit.verify.fit import LAYOUT_FIELDS, fit_calibration, load_calibration_inputs, profile_record
+    from speedlimit.verify.fit import LAYOUT_FIELDS, fit_calibration, load_calibration_inputs, prior_efficiency, profile_record
 
     profile_path(name)  # validate the name before any work
     if out is not None and out.is_dir():
@@ -301,7 +301,7 @@ def calibrate_command(
     # a CPU's fit is relative to what llama.cpp's default threads reach (bandwidth_reach): the bandwidth estimate
     # prices, so that the profile's bw_efficiency applies to it (a verify run's machine has as many cores as it ran)
     reach = bandwidth_reach(base)
-    fit = fit_calibration(points, reach.bandwidth_Bps if reach else base.memory_bandwidth_Bps, flops, default_efficiency(base))
+    fit = fit_calibration(points, reach.bandwidth_Bps if reach else base.memory_bandwidth_Bps, flops, prior_efficiency(base))
     fit.notes[:0] = notes
 
     before, after = fit.error_before["all"], fit.error_after["all"]

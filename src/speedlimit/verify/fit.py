@@ -71,6 +71,14 @@ class CalibrationFit:
         return predicted_step_seconds(point, self.bandwidth_Bps, self.flops, efficiency or self.efficiency)
 
 
+def prior_efficiency(hardware: Hardware) -> Efficiency:
+    """What `estimate` prices on ``hardware`` before calibration: its defaults with the default engine's per-step and
+    per-kernel costs as it runs on that device (llama.cpp's CPU, Metal or CUDA backend), the prior a fit must beat."""
+    from speedlimit.catalog import default_efficiency, engine_for_device, resolve_engine
+
+    return default_efficiency(hardware, engine_for_device(resolve_engine(None), hardware))
+
+
 def predicted_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: float | None, efficiency: Efficiency) -> float:
     """The estimator's time for this point's step at these efficiencies (the same `core.step_time` estimate uses)."""
     machine = core.Machine(

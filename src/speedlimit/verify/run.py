@@ -301,7 +301,7 @@ def measured_hardware(bandwidth_Bps: float, flops: float, memory_bytes: float | 
 def kernel_profile_for(system_info: str) -> tuple[str | None, str]:
     """(engine profile, why) whose measured CPU kernel rates match the build llama.cpp reports in its system info.
 
-    The rates are per build: `[llama-cpp-cpu]` was measured with AVX-512 kernels, `[llama-cpp-cpu-portable]` as
+    The rates are per build: `[llama-cpp-cpu]` was measured with AVX-512 kernels, `[llama-cpp-cpu-avx2]` as
     README's install line builds llama-cpp-python (GGML_NATIVE=OFF: AVX2, no AVX-512). Other builds (ARM, AVX only)
     have no measured rates: None, and the prediction prices bandwidth and BLAS FLOP/s only."""
     # "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | ... |" (one line per backend in newer builds)
@@ -310,7 +310,7 @@ def kernel_profile_for(system_info: str) -> tuple[str | None, str]:
     if features.get("AVX512") == "1":
         return "llama-cpp-cpu", "the build reports AVX512 = 1: the AVX-512 kernels fold C measured"
     if features.get("AVX2") == "1":
-        return "llama-cpp-cpu-portable", "the build reports AVX2 = 1 without AVX512: the GGML_NATIVE=OFF kernels fold C measured"
+        return "llama-cpp-cpu-avx2", "the build reports AVX2 = 1 without AVX512: the GGML_NATIVE=OFF kernels fold C measured"
     return None, "no measured kernel rates for this build (neither AVX512 nor AVX2 in its system info)"
 
 
