@@ -114,7 +114,7 @@ def render_verify(console: Console, result: VerifyResult) -> None:
                   f"{result.flops_per_token / 1e9:,.2f} G   regime: [bold]{result.regime}-bound[/bold]")
     if engine.kernel_profile:
         console.print(f"[dim]predicted = estimator on the measured bandwidth with default CPU efficiencies (bw "
-                      f"{eff.bw_efficiency:g}, overhead {eff.step_overhead_s * 1e3:g} ms) and llama.cpp's kernel rates "
+                      f"{eff.bw_efficiency:g}, overhead {eff.step_overhead_s * 1e3:.3g} ms) and llama.cpp's kernel rates "
                       f"for this build at the measured clock (profile {escape(engine.kernel_profile)}: "
                       f"{escape(engine.kernel_profile_basis)}); limit = 100% of measured bandwidth and BLAS FLOP/s, "
                       f"no overhead[/dim]")
