@@ -59,14 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         for result in kernels.bench(tools / "llama-bench", model,
                                     ["-p", "0", "-n", "256", "-r", str(args.repetitions), "-t", thread_list]):
             threads = int(result["n_threads"])
-            tok_s = max(float(v) for v in result.get("samples_ts") or [result["avg_ts"]])
+            tok_s = kernels.fastest_tok_s(result)
             rows.append({
                 "model": shape.name, "layers": shape.layers, "test": "tg256", "threads": threads,
                 "tok_s": f"{tok_s:.3f}", "tok_s_mean": f"{float(result['avg_ts']):.3f}",
                 "tok_s_stdev": f"{float(result['stddev_ts']):.3f}", "repetitions": len(result.get("samples_ts") or [1]),
                 "macs_per_token": per_token, "clock_hz": f"{clocks[1] if threads == 1 else clocks[cores]:.4g}",
                 "build": "portable (GGML_NATIVE=OFF)" if args.portable else "zen4 (AVX-512)", "cpu": cpu, "cores": cores,
-                "llama_cpp": f"{result.get('build_commit', '')} build {result.get('build_number', '')}", "date": date,
+                "llama_cpp": kernels.build_label(result), "date": date,
             })
         kernels.log(f"  {shape.name}: " + ", ".join(f"t{r['threads']} {r['tok_s']} tok/s" for r in rows if r["model"] == shape.name))
     kernels.write_rows(args.out, rows)

@@ -256,6 +256,17 @@ def cpu_name() -> str:
         return fallback
 
 
+def fastest_tok_s(result: dict) -> float:
+    """A llama-bench result's fastest repetition: on a shared machine the others carry the neighbours' interference,
+    and the kernel's own rate is what is wanted (the mean is kept beside it)."""
+    return max(float(v) for v in result.get("samples_ts") or [result["avg_ts"]])
+
+
+def build_label(result: dict) -> str:
+    """The llama.cpp a llama-bench result names: ``<commit> build <number>``."""
+    return f"{result.get('build_commit', '')} build {result.get('build_number', '')}"
+
+
 def bench(binary: Path, model: Path, args: list[str]) -> list[dict]:
     out = subprocess.run([str(binary), "-m", str(model), "-o", "json", *args],
                          check=True, capture_output=True, text=True).stdout
@@ -331,9 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             per_token, head = macs[shape.name]
             for result in bench(tools / "llama-bench", model, bench_args):
                 threads, prompt, output = int(result["n_threads"]), int(result["n_prompt"]), int(result["n_gen"])
-                # the fastest repetition: on a shared machine the others carry the neighbours' interference, and
-                # the kernel's own rate is what is wanted (the mean is kept beside it)
-                tok_s = max(float(v) for v in result.get("samples_ts") or [result["avg_ts"]])
+                tok_s = fastest_tok_s(result)
                 run_macs = (prompt * (per_token - head) + head) / prompt if prompt else per_token
                 clock = clocks[1] if threads == 1 else clocks[cores]
                 rows.append({
@@ -344,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                     "macs_per_token": int(round(run_macs)), "clock_hz": f"{clock:.4g}",
                     "macs_per_cycle_per_thread": f"{tok_s * run_macs / (threads * clock):.4f}",
                     "model_bytes": int(result["model_size"]), "cpu": cpu, "cores": cores,
-                    "llama_cpp": f"{result.get('build_commit', '')} build {result.get('build_number', '')}",
+                    "llama_cpp": build_label(result),
                     "date": date,
                 })
         log(f"  {quant}: " + ", ".join(f"{r['model']} {r['test']} t{r['threads']} {r['tok_s']} tok/s"

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                                 ["-p", "512", "-n", "0", "-r", str(args.repetitions), "-t", ",".join(map(str, counts))])
         for result in results:
             threads = int(result["n_threads"])
-            tok_s = max(float(v) for v in result.get("samples_ts") or [result["avg_ts"]])
+            tok_s = kernels.fastest_tok_s(result)
             rows.append({
                 "type": kernels.TYPES[quant], "quantize": quant, "model": shape.name, "test": "pp512",
                 "threads": threads, "tok_s": f"{tok_s:.3f}", "tok_s_mean": f"{float(result['avg_ts']):.3f}",
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 "clock_hz": f"{clocks[threads]:.4g}",
                 "macs_per_cycle_per_thread": f"{tok_s * run_macs / (threads * clocks[threads]):.4f}",
                 "cpu": cpu, "cores": cores,
-                "llama_cpp": f"{result.get('build_commit', '')} build {result.get('build_number', '')}", "date": date,
+                "llama_cpp": kernels.build_label(result), "date": date,
             })
         kernels.log(f"  {quant}: " + ", ".join(f"t{r['threads']} {r['tok_s']} tok/s ({r['macs_per_cycle_per_thread']})"
                                                for r in rows if r["quantize"] == quant))
