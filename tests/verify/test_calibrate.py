@@ -188,3 +188,45 @@ def test_disturbed_point_is_left_out() -> None:
     assert fit.bw_efficiency == pytest.approx(0.4, rel=1e-6)
     assert fit.step_overhead_s == pytest.approx(0.002, rel=1e-6)
     assert any("left out 1 point" in note for note in fit.notes)
+
+
+def with_predictions(result: dict, decode_s: float, prefill_s: float) -> dict:
+    """The verify result with its own "predicted" column filled in, as verify writes it."""
+    for row in result["decode"]:
+        row["tok_s_predicted"] = 1.0 / decode_s
+    for row in result["prefill"]:
+        row["ttft_s_predicted"] = prefill_s
+    return result
+
+
+def test_the_prior_of_a_verify_result_is_its_own_predicted_column(tmp_path: Path) -> None:
+    points = synthetic_points(0.45, 0.35, 0.003)
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(with_predictions(verify_result(points), decode_s=1e-3, prefill_s=0.5)))
+    read, _, _, _ = load_calibration_inputs([path])
+    assert [p.prior_s for p in read if p.kind == "decode"] == pytest.approx([1e-3] * 5)
+    assert [p.prior_s for p in read if p.kind == "prefill"] == pytest.approx([0.5] * 2)
+    fit = fit_calibration(read, BANDWIDTH, FLOPS, DEFAULTS)
+    measured = {p.label: p.measured_s for p in read}
+    expected = sum(abs(p.prior_s - measured[p.label]) / measured[p.label] for p in read if p.kind == "decode") / 5
+    assert fit.error_before["decode"] == pytest.approx(expected, rel=1e-12)
+    assert all(fit.prior_s(p) == p.prior_s for p in read)
+    # a point without a recorded prediction is priced at the prior efficiencies, as before
+    bare = CalibrationPoint("decode", 100e6, 1.0, 0.01, "bare", "s")
+    assert fit.prior_s(bare) == pytest.approx(predicted_step_seconds(bare, BANDWIDTH, FLOPS, DEFAULTS))
+
+
+def test_calibrate_scores_verify_results_against_what_verify_predicted(cli, tmp_path: Path, isolated_config: Path) -> None:
+    points = synthetic_points(0.45, 0.35, 0.003)
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(with_predictions(verify_result(points), decode_s=1e-6, prefill_s=1e-6)))
+    done = cli(["calibrate", str(path), "--name", "ownprior", "--json"])
+    assert done.returncode == 0, done.stderr
+    fit = json.loads(done.stdout)
+    assert fit["error_before"]["all"] == pytest.approx(1.0, abs=1e-3)  # verify predicted ~0 s for every step
+    assert any("as verify recorded them" in note for note in fit["notes"])
+    # against another machine, verify's own predictions are not the prior: the catalog machine's defaults are
+    other = cli(["calibrate", str(path), "--name", "other", "--hardware", "amd-epyc-9654", "--json", "--force"])
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout)["error_before"]["all"] != pytest.approx(1.0, abs=1e-3)
+    assert not any("as verify recorded them" in note for note in json.loads(other.stdout)["notes"])

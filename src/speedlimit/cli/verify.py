@@ -7,6 +7,7 @@ reads results files, fits through `speedlimit.verify.fit` and saves the profile.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -301,6 +302,11 @@ def calibrate_command(
     # a CPU's fit is relative to what llama.cpp's default threads reach (bandwidth_reach): the bandwidth estimate
     # prices, so that the profile's bw_efficiency applies to it (a verify run's machine has as many cores as it ran)
     reach = bandwidth_reach(base)
+    if base is not measured:  # verify priced its own "predicted" column for the machine it measured, not for this one
+        points = [dataclasses.replace(point, prior_s=None) for point in points]
+    elif any(point.prior_s is not None for point in points):
+        notes.append("before: the estimate's own predictions as verify recorded them (its \"predicted\" column: the kernel "
+                     "rates of the build it ran, at the clock it measured); the default efficiencies price the rest")
     fit = fit_calibration(points, reach.bandwidth_Bps if reach else base.memory_bandwidth_Bps, flops, prior_efficiency(base))
     fit.notes[:0] = notes
 
@@ -358,10 +364,10 @@ def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
         table.add_column(column, justify="left" if column in ("step", "source") else "right")
     for point in fit.points:
         table.add_row(escape(point.label), escape(Path(point.source).name), _ms(point.measured_s),
-                      _ms(fit.predicted_s(point, fit.before)), _ms(fit.predicted_s(point)))
+                      _ms(fit.prior_s(point)), _ms(fit.predicted_s(point)))
     for point in fit.excluded:
         table.add_row(f"[dim]{escape(point.label)} (left out)[/dim]", escape(Path(point.source).name), _ms(point.measured_s),
-                      _ms(fit.predicted_s(point, fit.before)), _ms(fit.predicted_s(point)))
+                      _ms(fit.prior_s(point)), _ms(fit.predicted_s(point)))
     console.print(table)
     fields = _efficiency_table("default", fit.before, fit)
     for kind in ("decode", "prefill", "all"):

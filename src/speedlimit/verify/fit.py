@@ -46,6 +46,9 @@ class CalibrationPoint:
     tp: int = 1
     comm_s: float = 0.0  # tensor-parallel all-reduce time of the step (known from the interconnect, not fitted)
     kernels: float = 0.0  # kernels the step launches (prices the prior's per-kernel overhead)
+    # the estimate's own time for this step where the input recorded one (a verify run's "predicted" column, priced
+    # with the kernel rates of the build it ran at the clock it measured): the prior it is scored against
+    prior_s: float | None = None
 
 
 @dataclass
@@ -70,6 +73,11 @@ class CalibrationFit:
     def predicted_s(self, point: CalibrationPoint, efficiency: Efficiency | None = None) -> float:
         return predicted_step_seconds(point, self.bandwidth_Bps, self.flops, efficiency or self.efficiency)
 
+    def prior_s(self, point: CalibrationPoint) -> float:
+        """The time the estimate predicted for this step before the fit: the input's own prediction where it
+        recorded one, else the step model at the prior efficiencies."""
+        return prior_step_seconds(point, self.bandwidth_Bps, self.flops, self.before)
+
 
 def prior_efficiency(hardware: Hardware) -> Efficiency:
     """What `estimate` prices on ``hardware`` before calibration: its defaults with the default engine's per-step and
@@ -90,12 +98,22 @@ def predicted_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops:
     return float(core.step_time(point.step_bytes, point.step_flops, machine, point.comm_s))
 
 
+def prior_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: float | None, prior: Efficiency) -> float:
+    """The prior's time for this step: what the input recorded as predicted (`CalibrationPoint.prior_s`), else the
+    step model at ``prior``."""
+    if point.prior_s is not None:
+        return point.prior_s
+    return predicted_step_seconds(point, bandwidth_Bps, flops, prior)
+
+
 def fit_errors(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float | None,
-               efficiency: Efficiency) -> dict[str, float | None]:
-    """Mean absolute relative error of predicted vs measured step time, per kind and over all points."""
+               efficiency: Efficiency, *, prior: bool = False) -> dict[str, float | None]:
+    """Mean absolute relative error of predicted vs measured step time, per kind and over all points (``prior``:
+    of the prior's times, the inputs' own predictions where they recorded them)."""
     errors: dict[str, list[float]] = {"decode": [], "prefill": []}
+    price = prior_step_seconds if prior else predicted_step_seconds
     for point in points:
-        predicted = predicted_step_seconds(point, bandwidth_Bps, flops, efficiency)
+        predicted = price(point, bandwidth_Bps, flops, efficiency)
         errors[point.kind].append(abs(predicted - point.measured_s) / point.measured_s)
     every = errors["decode"] + errors["prefill"]
     return {
@@ -217,7 +235,7 @@ def _fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops
     return CalibrationFit(
         bw_efficiency=bw_efficiency, flops_efficiency=flops_efficiency, step_overhead_s=overhead,
         bandwidth_Bps=bandwidth_Bps, flops=flops, points=kept, before=before,
-        error_before=fit_errors(kept, bandwidth_Bps, flops, before),
+        error_before=fit_errors(kept, bandwidth_Bps, flops, before, prior=True),
         error_after=fit_errors(kept, bandwidth_Bps, flops, fitted), notes=notes, excluded=excluded,
     )
 
@@ -233,13 +251,15 @@ def points_from_verify(result: VerifyResult, source: str) -> list[CalibrationPoi
     points = []
     for row in result.decode:
         if row.threads == threads:
+            predicted = 1.0 / row.tok_s_predicted if row.tok_s_predicted and row.tok_s_predicted > 0 else None
             points.append(CalibrationPoint("decode", row.bytes_per_token, row.flops_per_token, 1.0 / row.tok_s,
                                            f"decode @ ctx {row.context_start}" + (" (base)" if row.kind == "base" else ""),
-                                           source, kernels=kernels))
+                                           source, kernels=kernels, prior_s=predicted))
     for row in result.prefill:
         if row.threads == threads:
+            predicted = row.ttft_s_predicted if row.ttft_s_predicted and row.ttft_s_predicted > 0 else None
             points.append(CalibrationPoint("prefill", row.step_bytes, row.step_flops, row.median_s,
-                                           f"prefill {row.prompt_tokens} tok", source, kernels=kernels))
+                                           f"prefill {row.prompt_tokens} tok", source, kernels=kernels, prior_s=predicted))
     return points
 
 
