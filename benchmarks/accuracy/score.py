@@ -291,6 +291,10 @@ VERSION_PROFILES = (
     ("sglang", re.compile(r"\bsglang 0\.4\.[1-3]\b", re.IGNORECASE), "sglang-0.4"),
     # the vLLM build a setup names (dstack: "vLLM 0.7.3.dev138+g21f6ca217", "vLLM nightly 0.7.4.dev181+gf35f8e22")
     ("vllm", re.compile(r"\bvLLM (nightly )?0\.7\.\d"), "vllm-0.7"),
+    # llama.cpp's CUDA builds between PR #3776 and PR #8075 (fp16 cuBLAS for quantized prefill): a run the notes date
+    # from November 2023 to 2024-06-23 (SOURCES.md, "llama.cpp's CUDA prefill before MMQ became the default")
+    ("llama-cpp-cuda", re.compile(r"\b(Nov|Dec)\w* 2023\b|\b2023-1[12]-\d\d\b|\b(Jan|Feb|Mar|Apr|May|Jun)\w* 2024\b"
+                                  r"|\b2024-0[1-5]-\d\d\b|\b2024-06-([01]\d|2[0-3])\b"), "llama-cpp-cuda-2024"),
 )
 
 
@@ -570,9 +574,19 @@ def gemm_profile(efficiency: float, profile: str = GEMM_FIT_PROFILE) -> EnginePr
 
 
 def predict_prefill_at_gemm(rows: list[Row], efficiency: float, profile: str = GEMM_FIT_PROFILE) -> np.ndarray:
-    """Predicted prompt tok/s of each row with the backend's GEMMs at ``efficiency`` (the real estimator)."""
-    engine = gemm_profile(efficiency, profile)
-    return np.array([predict_prefill_tok_s(row, engine=engine) for row in rows])
+    """Predicted prompt tok/s of each row with the backend's GEMMs at ``efficiency`` (the real estimator), each row
+    priced as its own build of the backend where the catalog has one (`row_engine`: llama.cpp CUDA of early 2024
+    converts quantized weights to fp16 first); every build inherits the backend's GEMM efficiency."""
+    engines: dict[str, EngineProfile] = {}
+
+    def engine_of(row: Row) -> EngineProfile:
+        key = row_engine(row) or profile
+        key = key if key != "llama-cpp" else profile
+        if key not in engines:
+            engines[key] = gemm_profile(efficiency, key)
+        return engines[key]
+
+    return np.array([predict_prefill_tok_s(row, engine=engine_of(row)) for row in rows])
 
 
 def fit_gemm_efficiency(rows: list[Row], profile: str = GEMM_FIT_PROFILE) -> float:

@@ -126,6 +126,10 @@ class EngineProfile(BaseModel):
     # the peak-FLOPs column its GEMMs of f16 and dequantized low-bit weights run at, where a device lists one
     # (llama.cpp CUDA: "fp16_acc16", cuBLAS with fp16 accumulation); None: the weights' compute dtype
     half_gemm_dtype: Sourced | None = None
+    # a step with more tokens than this converts each quantized weight matrix to fp16 with a kernel of its own before
+    # a cuBLAS GEMM (llama.cpp CUDA builds before MMQ became the default); None: quantized weights are multiplied as
+    # they are stored
+    dequantize_gemm_tokens: Sourced | None = None
     # CPU matmul kernel rates per GGUF tensor type, multiply-accumulates per cycle per thread: [decode (one token),
     # prefill (KERNEL_PREFILL_TOKENS tokens)]; None: the device kind's FLOP/s efficiency
     kernel_rates: Sourced | None = None
@@ -140,7 +144,7 @@ class EngineProfile(BaseModel):
             raise ValueError(f"mode must be continuous or serial, got {field.value!r}")
         return field
 
-    @field_validator("max_seqs", "max_batched_tokens", "fp8_moe_bandwidth_tokens")
+    @field_validator("max_seqs", "max_batched_tokens", "fp8_moe_bandwidth_tokens", "dequantize_gemm_tokens")
     @classmethod
     def _count(cls, field: Sourced | None) -> Sourced | None:
         if field is None:

@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -235,7 +236,7 @@ def test_fp8_weights_run_the_engines_fp8_gemm_curve_and_attention_stays_at_the_b
     # an engine without an fp8 curve prices fp8 GEMMs on its one curve
     llama = step_model("llama-3.1-70b", "h100-sxm", engine="llama.cpp", weights="fp8")
     assert catalog_engine("llama-cpp-cuda").fp8_gemm_efficiency is None
-    assert llama.efficiency.flops_efficiency == pytest.approx(0.240)
+    assert llama.efficiency.flops_efficiency == pytest.approx(catalog_engine("llama-cpp-cuda").gemm_points[0][1])
 
 
 def test_default_llama_cpp_on_an_nvidia_gpu_prices_gemms_at_the_fitted_efficiency() -> None:
@@ -290,6 +291,47 @@ def test_llama_cpp_cuda_runs_f16_and_dequantized_gemms_at_a_geforce_cards_fp16_a
     fast = estimate("llama-3.1-8b", "rtx-4090", weights="q4_k_m", prompt=2048)
     slow = estimate("llama-3.1-8b", "rtx-4090", weights="q4_k_m", prompt=2048, compute="fp16")
     assert fast.ttft_s < 0.75 * slow.ttft_s and fast.itl_s == pytest.approx(slow.itl_s, rel=1e-9)
+
+
+def test_early_2024_llama_cpp_cuda_converts_quantized_weights_to_fp16_before_large_gemms() -> None:
+    """llama.cpp CUDA builds before PR #8075 (cited in engines.toml): a step of more than 32 tokens first converts
+    each quantized matrix to fp16 (reads it, writes 2 bytes per weight) in a kernel of its own; f16 weights and steps
+    of at most 32 tokens pay nothing, and the late-2025 profile never does."""
+    early = catalog_engine("llama-cpp-cuda-2024")
+    assert early.dequantize_gemm_tokens.value == 32 and "8075" in early.dequantize_gemm_tokens.source
+    assert catalog_engine("llama-cpp-cuda").dequantize_gemm_tokens is None
+    assert early.gemm_points == catalog_engine("llama-cpp-cuda").gemm_points  # the same cuBLAS fp16 rate
+    model = step_model("llama-2-7b", "rtx-3090", weights="q4_0", engine="llama-cpp-cuda-2024")
+    stored = model.cost.dense_bytes + model.cost.n_experts * model.cost.expert_bytes
+    expected = (stored + stored * 16 / model.weight_bits) / model.machine.bandwidth_Bps
+    assert model.machine.dequantize_s == pytest.approx(expected, rel=1e-12) and model.machine.dequantize_tokens == 32
+    assert 16e9 < stored + stored * 16 / model.weight_bits < 17e9  # 3.6 GB of q4_0 read, 13.0 GB of fp16 written
+
+    def ttft(engine: str, weights: str | float, prompt: int) -> float:
+        return estimate("llama-2-7b", "rtx-3090", weights=weights, prompt=prompt, output=1, engine=engine).ttft_s
+
+    assert ttft("llama-cpp-cuda-2024", "q4_0", 512) - ttft("llama-cpp-cuda", "q4_0", 512) == pytest.approx(expected, rel=1e-9)
+    assert ttft("llama-cpp-cuda-2024", "q4_0", 32) == ttft("llama-cpp-cuda", "q4_0", 32)
+    assert ttft("llama-cpp-cuda-2024", "f16", 512) == ttft("llama-cpp-cuda", "f16", 512)
+    # weights given as a file's bits per parameter: an f16 file (a little under 16) is not converted, a q4_0 file is
+    assert ttft("llama-cpp-cuda-2024", 15.998, 512) == ttft("llama-cpp-cuda", 15.998, 512)
+    assert ttft("llama-cpp-cuda-2024", 4.54, 512) > ttft("llama-cpp-cuda", 4.54, 512)
+    decode = estimate("llama-2-7b", "rtx-3090", weights="q4_0", engine="llama-cpp-cuda-2024", batch=32)
+    assert decode.itl_s == estimate("llama-2-7b", "rtx-3090", weights="q4_0", engine="llama-cpp-cuda", batch=32).itl_s
+
+
+def test_the_weight_conversion_is_priced_alike_on_every_path() -> None:
+    """`core.dequantize_seconds` on arrays equals it on scalars, and a pipeline of one stage prices it as one device."""
+    machine = step_model("llama-2-7b", "rtx-3090", weights="q4_0", engine="llama-cpp-cuda-2024").machine
+    tokens = np.array([1.0, 32.0, 33.0, 512.0])
+    assert list(core.dequantize_seconds(machine, tokens)) == [core.dequantize_seconds(machine, float(t)) for t in tokens]
+    assert core.dequantize_seconds(machine, 33.0) == machine.dequantize_s > 0
+    model = step_model("llama-2-7b", "rtx-3090", weights="q4_0", engine="llama-cpp-cuda-2024")
+    step = core.StepBatch(prefill_sequences=1.0, prefill_tokens=512.0, prefill_context=512.0,
+                          prefill_pairs=float(core.causal_pairs(512.0)))
+    fast = core.step_seconds(model.cost, model.machine, step)
+    general = core.micro_step_seconds(model.cost, model.machine, step)[0]
+    assert fast == pytest.approx(general, rel=1e-12)
 
 
 def test_critical_batch_with_a_token_dependent_gemm_rate_is_the_first_compute_bound_batch() -> None:
@@ -395,6 +437,10 @@ def test_profile_validation_rejects_bad_values() -> None:
     base["max_seqs"] = {"value": 0, "source": "https://example.org/x"}
     with pytest.raises(ValueError, match="whole number"):
         EngineProfile.model_validate(base)
+    base = dict(catalog_engine("vllm").model_dump())
+    base["dequantize_gemm_tokens"] = {"value": 0.5, "source": "https://example.org/x"}
+    with pytest.raises(ValueError, match="whole number"):
+        EngineProfile.model_validate(base)
 
 
 def test_gemm_curve_has_at_most_two_anchors() -> None:
@@ -441,7 +487,8 @@ def test_profile_kv_formats_must_be_names() -> None:
 
 # versioned profiles: an older engine build, its own measured or fitted values over its base's
 # (versioned profile -> its base, and the version its sourced values must name)
-VERSIONED = {"sglang-0.4": ("sglang", "0.4"), "llama-cpp-cpu-b3441": ("llama-cpp-cpu", "3441"), "vllm-0.7": ("vllm", "0.7")}
+VERSIONED = {"sglang-0.4": ("sglang", "0.4"), "llama-cpp-cpu-b3441": ("llama-cpp-cpu", "3441"), "vllm-0.7": ("vllm", "0.7"),
+             "llama-cpp-cuda-2024": ("llama-cpp-cuda", "8075")}
 
 
 @pytest.mark.parametrize("key", sorted(VERSIONED))

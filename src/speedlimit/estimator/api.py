@@ -445,9 +445,31 @@ def resolve(scenario: Scenario) -> StepModel:
     machine = machine_for(device, priced_efficiency, compute_dtype, scenario.tp, scenario.ideal, kernels, priced_peak,
                           reach, pp=scenario.pp, dp=scenario.dp, ep=scenario.ep)
     if not scenario.ideal:
-        machine = machine._replace(**terms)
+        machine = machine._replace(**terms, **dequantize_terms(engine, cost, bits, machine))
     return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv.name, compute_dtype, scenario.tp,
                      scenario.ideal, engine, peak_flops, reach, rate, kernels)
+
+
+# weights stored at fewer bits per parameter than this are a quantized type: the widest GGUF quantized type, q8_0,
+# stores 8.5 bits, and a 16-bit float file averages within a few percent of 16 (its norms in f32, its size over a
+# catalog parameter count)
+QUANTIZED_BELOW_BITS = 12.0
+
+
+def dequantize_terms(engine: EngineProfile, cost: core.CostModel, bits: float, machine: core.Machine) -> dict[str, float]:
+    """`core.Machine`'s weight-conversion terms where ``engine`` converts quantized weights to fp16 before its GEMMs in
+    large steps (`EngineProfile.dequantize_gemm_tokens`): one pass that reads the layers' quantized weights and writes
+    them as fp16, at the achievable bandwidth, spread over the tp devices. The LM head is left out (a prefill computes
+    one position's logits); every routed expert is counted (a large step touches them all). Nothing for 16-bit or
+    wider weights, which are multiplied as stored: weights given only as bits per parameter (a file's size over its
+    parameters, a little off 16 for an f16 file) count as quantized below `QUANTIZED_BELOW_BITS`."""
+    tokens = engine.dequantize_gemm_tokens
+    if tokens is None or not bits < QUANTIZED_BELOW_BITS:
+        return {}
+    stored = float(cost.dense_bytes + cost.n_experts * cost.expert_bytes)
+    converted = stored * 16.0 / bits
+    return {"dequantize_s": (stored + converted) / (machine.tp * machine.bandwidth_Bps),
+            "dequantize_tokens": float(tokens.value)}
 
 
 def cpu_kernel_rate(engine: EngineProfile, device: Hardware, weights_name: str | None, reach: BandwidthReach | None,

@@ -7,6 +7,7 @@ number of sequences:
 
     step_s = max(bytes_read / (tp · achievable_BW), flops_priced / (tp · achievable_FLOPs))
              + per-step overhead + per-sequence overhead · sequences + tensor-parallel all-reduces
+             + a weight conversion where the engine runs one before its GEMMs (`dequantize_seconds`)
 
 flops_priced = matmul FLOPs / gemm_factor(tokens in the step) + attention FLOPs / attention_factor: the serving
 engine's GEMMs reach a token-dependent fraction of the large-GEMM rate (`Machine.gemm_*`, two anchors, linear in
@@ -133,6 +134,10 @@ class Machine(NamedTuple):
     # experts' weights at a smaller fraction of the spec bandwidth than `bandwidth_Bps`'s (bw_efficiency / its own)
     moe_bytes_factor: float | np.ndarray = 1.0
     moe_bytes_tokens: float | np.ndarray = 0.0  # ... in a step whose MoE layers see at least this many tokens
+    # seconds a step with more than `dequantize_tokens` tokens spends converting its quantized weights to fp16 in a
+    # kernel of its own before the GEMMs (llama.cpp CUDA before MMQ became its default): added to the roofline
+    dequantize_s: float | np.ndarray = 0.0
+    dequantize_tokens: float | np.ndarray = math.inf
 
 
 class StepBatch(NamedTuple):
@@ -514,6 +519,13 @@ def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0):
     return roof_s + machine.step_overhead_s + machine.sequence_overhead_s * sequences + comm_s
 
 
+def dequantize_seconds(machine: Machine, tokens):
+    """The weight conversion a step of ``tokens`` tokens runs before its GEMMs (`Machine.dequantize_s`), else 0."""
+    if _scalar(tokens) and _scalar(machine.dequantize_tokens):
+        return machine.dequantize_s if tokens > machine.dequantize_tokens else 0.0
+    return np.where(np.asarray(tokens) > machine.dequantize_tokens, machine.dequantize_s, 0.0)
+
+
 def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
     """Wall time of one engine step with a mixed batch of decode sequences and prefill chunks (on all the devices):
     in a pipeline, the steady cycle in which every sequence advances once."""
@@ -522,7 +534,8 @@ def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
         # simulator calls this once per step; tests check it equals the general path)
         tokens = step.decode_sequences + step.prefill_tokens
         return step_time(priced_bytes(cost, machine, step), priced_flops(cost, machine, step), machine,
-                         allreduce_seconds(cost, machine, tokens), step.decode_sequences + step.prefill_sequences)
+                         allreduce_seconds(cost, machine, tokens) + dequantize_seconds(machine, tokens),
+                         step.decode_sequences + step.prefill_sequences)
     micro_s, send_s, count = micro_step_seconds(cost, machine, step)
     return pipeline_cycle_seconds(cost, machine, micro_s, send_s, count)
 
@@ -562,6 +575,7 @@ def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
         bytes_read = step_bytes(cost, step) - own_expert_bytes + factor * group_expert_bytes
         flops = priced_flops(cost, machine, step) - own_expert_flops + group_expert_flops
         comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
+        comm_s += dequantize_seconds(machine, tokens)
         slowest = max(slowest, step_time(bytes_read, flops, machine, comm_s, step.sequences))
     return slowest
 
@@ -571,6 +585,7 @@ def micro_step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
     micro, count = micro_step(machine, step)
     tokens = micro.decode_sequences + micro.prefill_tokens
     comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
+    comm_s = comm_s + dequantize_seconds(machine, tokens)
     bytes_read, flops = _replica_work(cost, machine, micro, step.sequences)
     micro_s = step_time(bytes_read, flops, machine, comm_s, micro.decode_sequences + micro.prefill_sequences)
     return micro_s, pipeline_send_seconds(cost, machine, tokens), count
