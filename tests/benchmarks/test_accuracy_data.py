@@ -324,7 +324,17 @@ def test_rows_naming_build_3441_are_priced_with_its_profile_in_profiles_mode(sco
     unnamed = [row for row in cpu if "build not stated" in row.notes]
     assert unnamed and {score.row_engine(row) for row in unnamed} == {"llama-cpp"}
     # a GPU row of another build keeps its engine's current profile
-    assert {score.row_engine(row) for row in rows if row.device == "l40s" and row.engine == "llama.cpp"} == {"llama-cpp"}
+    assert {score.row_engine(row) for row in rows if row.device == "rtx-5090" and row.engine == "llama.cpp"} == {"llama-cpp"}
+
+
+def test_llama_cpp_cuda_rows_of_late_2023_to_mid_2024_are_priced_as_those_builds(score) -> None:
+    """The rows a llama.cpp CUDA run dates between November 2023 and June 2024 convert quantized weights to fp16 before
+    their prefill GEMMs (SOURCES.md): every fold-A NVIDIA row (XiongjieDai) and PR #4766's held-out rows, no other."""
+    rows = [row for row in score.load_rows() if row.engine == "llama.cpp" and score.row_hardware(row).vendor == "nvidia"]
+    early = {row.index for row in rows if score.row_engine(row) == "llama-cpp-cuda-2024"}
+    assert early == {row.index for row in rows if row.fold == "A" or "ggml-org/llama.cpp/pull/4766" in row.source}
+    assert {row.fold for row in rows if row.index in early} == {"A", "B"}
+    assert {score.row_engine(row) for row in rows if row.index not in early} == {"llama-cpp"}
 
 
 def test_shipped_kernel_rates_are_the_fold_c_fit(score, capsys) -> None:

@@ -312,6 +312,10 @@ def test_early_2024_llama_cpp_cuda_converts_quantized_weights_to_fp16_before_lar
 
     assert ttft("llama-cpp-cuda-2024", "q4_0", 512) - ttft("llama-cpp-cuda", "q4_0", 512) == pytest.approx(expected, rel=1e-9)
     assert ttft("llama-cpp-cuda-2024", "q4_0", 32) == ttft("llama-cpp-cuda", "q4_0", 32)
+    shown = estimate("llama-2-7b", "rtx-3090", weights="q4_0", prompt=512, engine="llama-cpp-cuda-2024")
+    assert shown.ttft_dequantize_s == pytest.approx(expected, rel=1e-12)  # what the TTFT row explains
+    assert estimate("llama-2-7b", "rtx-3090", weights="q4_0", prompt=32, engine="llama-cpp-cuda-2024").ttft_dequantize_s == 0
+    assert estimate("llama-2-7b", "rtx-3090", weights="q4_0", prompt=512).ttft_dequantize_s == 0
     assert ttft("llama-cpp-cuda-2024", "f16", 512) == ttft("llama-cpp-cuda", "f16", 512)
     # weights given as a file's bits per parameter: an f16 file (a little under 16) is not converted, a q4_0 file is
     assert ttft("llama-cpp-cuda-2024", 15.998, 512) == ttft("llama-cpp-cuda", 15.998, 512)

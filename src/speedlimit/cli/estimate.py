@@ -97,7 +97,8 @@ def estimate_table(result: Estimate) -> Table:
     rows = [
         ("decode speed (per user)", f"{result.decode_tok_s:,.1f} tok/s", f"ITL {format_seconds(result.itl_s)}"),
         (f"time for a {result.output:,}-token reply", format_seconds(result.reply_s), "output × ITL"),
-        ("time to first token", format_seconds(result.ttft_s), f"prefill of {result.batch}×{result.prompt:,} tokens"),
+        ("time to first token", format_seconds(result.ttft_s), f"prefill of {result.batch}×{result.prompt:,} tokens"
+         + (f", {format_seconds(result.ttft_dequantize_s)} of it converting the weights to fp16" if result.ttft_dequantize_s else "")),
         ("end-to-end latency", format_seconds(result.e2e_s), "TTFT + (output − 1) × ITL"),
         ("aggregate throughput", f"{result.throughput_tok_s:,.1f} tok/s", f"batch {result.batch}"),
         ("bytes streamed / token", format_bytes(result.bytes_per_token), escape(f"weights at {result.weight_bits:.3g} bits ({result.weights})")),

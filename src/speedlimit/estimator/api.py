@@ -88,6 +88,8 @@ class Estimate(Artifact):
     # the prefill kernel rate per thread at the busy cores, as a fraction of its measured rate (prefill_thread_scaling)
     prefill_thread_efficiency: float = 1.0
     sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
+    # of ttft_s: the pass that converts quantized weights to fp16 before the prefill's GEMMs (llama.cpp CUDA of early 2024)
+    ttft_dequantize_s: float = 0.0
     # the fraction of the peak bandwidth the engine's fused-MoE kernel reads the routed experts at, in steps whose MoE
     # layers see at least moe_bandwidth_tokens tokens (None: the experts' bytes at bw_efficiency like the others)
     moe_bandwidth_efficiency: float | None = None
@@ -757,6 +759,8 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         cpu_kernels=resolved.kernel_rate.tensor_type if resolved.kernel_rate and not ideal else None,
         prefill_thread_efficiency=resolved.kernel_rate.prefill_thread_efficiency if resolved.kernel_rate and not ideal else 1.0,
         sequence_overhead_s=float(machine.sequence_overhead_s),
+        ttft_dequantize_s=0.0 if ideal or ttft is None else float(core.dequantize_seconds(
+            machine, core.micro_step(machine, core.prefill_batch(cost, float(batch), float(prompt)))[0].tokens)),
         moe_bandwidth_efficiency=(efficiency.bw_efficiency / float(machine.moe_bytes_factor)
                                   if machine.moe_bytes_factor != 1.0 and not ideal else None),
         moe_bandwidth_tokens=float(machine.moe_bytes_tokens) if machine.moe_bytes_factor != 1.0 and not ideal else None,
