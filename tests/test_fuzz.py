@@ -353,6 +353,19 @@ def test_calibrate_any_json(isolated: Path, result: object) -> None:
 
 
 @FUZZ
+@given(decode=st.one_of(JSON_VALUES, st.floats(allow_nan=False), st.sampled_from([1e-320, 1e308, -1.0, 0.0])),
+       prefill=st.one_of(JSON_VALUES, st.floats(allow_nan=False), st.sampled_from([1e-320, 1e308, -1.0, 0.0])))
+def test_calibrate_any_predicted_column(isolated: Path, decode: object, prefill: object) -> None:
+    """A verify result whose own "predicted" column (calibrate's prior) is hostile: a fit, or one error line."""
+    result = verify_result()
+    for row in result["decode"]:
+        row["tok_s_predicted"] = decode
+    result["prefill"][0]["ttft_s_predicted"] = prefill
+    path = write_config(isolated / "results.json", result)
+    check(invoke("calibrate", str(path), "--json", "--force"))
+
+
+@FUZZ
 @given(key=st.sampled_from([*LAYOUT, "source", "notes"]), value=JSON_VALUES,
        nodes=st.integers(-1, 70), sockets=st.integers(-1, 70))
 def test_calibrate_any_layout(isolated: Path, key: str, value: object, nodes: int, sockets: int) -> None:

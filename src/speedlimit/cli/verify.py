@@ -328,7 +328,8 @@ def calibrate_command(
                    "base_hardware": base.key, "bandwidth_Bps": base.memory_bandwidth_Bps,
                    "layout": {field: getattr(base, field) for field in LAYOUT_FIELDS} if base.topology else None,
                    "flops": fit.flops if fit.flops and math.isfinite(fit.flops) else None, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
-                   "step_overhead_s": fit.step_overhead_s, "error_before": fit.error_before, "error_after": fit.error_after,
+                   "step_overhead_s": fit.step_overhead_s, "error_before": _finite_values(fit.error_before),
+                   "error_after": _finite_values(fit.error_after),
                    "default_efficiency": fit.before.model_dump(), "points": len(fit.points),
                    "excluded": [point.label for point in fit.excluded], "notes": fit.notes}
         sys.stdout.write(json.dumps(payload, indent=2, allow_nan=False) + "\n")
@@ -340,6 +341,11 @@ def calibrate_command(
         use = f"--hardware {name}" if out is None else f"--hardware {name} after copying it to {profiles_dir()}"
         Console().print(f"profile saved to {escape(str(path))}\nuse it: speedlimit estimate {escape(use)} --model ...",
                         highlight=False)
+
+
+def _finite_values(errors: dict[str, float | None]) -> dict[str, float | None]:
+    """Mean errors for JSON: one that overflowed (a measured step of ~0 s in a hand-edited file) is null."""
+    return {kind: value if value is not None and math.isfinite(value) else None for kind, value in errors.items()}
 
 
 def _efficiency_table(before_label: str, before: Any, after: Any, *, per_sequence: bool = False) -> Table:

@@ -244,6 +244,15 @@ def _fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops
 # reading verify results and bench summaries
 
 
+# a recorded step time beyond this is no prediction (a hand-edited or corrupt file): the prior falls back to the model
+LONGEST_PREDICTED_STEP_S = 365 * 24 * 3600.0
+
+
+def _seconds(value: float | None) -> float | None:
+    """A recorded prediction usable as a prior: a positive time under a year (a hand-edited file may hold anything)."""
+    return value if value is not None and 0 < value < LONGEST_PREDICTED_STEP_S else None
+
+
 def points_from_verify(result: VerifyResult, source: str) -> list[CalibrationPoint]:
     """Points at the run's headline thread count (the configuration the profile describes)."""
     threads = result.threads or (result.settings.threads if result.settings else None)
@@ -251,13 +260,13 @@ def points_from_verify(result: VerifyResult, source: str) -> list[CalibrationPoi
     points = []
     for row in result.decode:
         if row.threads == threads:
-            predicted = 1.0 / row.tok_s_predicted if row.tok_s_predicted and row.tok_s_predicted > 0 else None
+            predicted = _seconds(1.0 / row.tok_s_predicted if row.tok_s_predicted and row.tok_s_predicted > 0 else None)
             points.append(CalibrationPoint("decode", row.bytes_per_token, row.flops_per_token, 1.0 / row.tok_s,
                                            f"decode @ ctx {row.context_start}" + (" (base)" if row.kind == "base" else ""),
                                            source, kernels=kernels, prior_s=predicted))
     for row in result.prefill:
         if row.threads == threads:
-            predicted = row.ttft_s_predicted if row.ttft_s_predicted and row.ttft_s_predicted > 0 else None
+            predicted = _seconds(row.ttft_s_predicted)
             points.append(CalibrationPoint("prefill", row.step_bytes, row.step_flops, row.median_s,
                                            f"prefill {row.prompt_tokens} tok", source, kernels=kernels, prior_s=predicted))
     return points
