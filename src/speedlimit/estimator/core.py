@@ -512,18 +512,20 @@ def roofline_seconds(bytes_read, flops, machine: Machine):
     return memory_s, compute_s
 
 
-def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0):
-    """Wall time of a step that reads ``bytes_read`` and computes ``flops`` (whole step, all tp devices)."""
-    memory_s, compute_s = roofline_seconds(bytes_read, flops, machine)
-    roof_s = max(memory_s, compute_s) if _scalar(memory_s) and _scalar(compute_s) else np.maximum(memory_s, compute_s)
-    return roof_s + machine.step_overhead_s + machine.sequence_overhead_s * sequences + comm_s
-
-
 def dequantize_seconds(machine: Machine, tokens):
     """The weight conversion a step of ``tokens`` tokens runs before its GEMMs (`Machine.dequantize_s`), else 0."""
     if _scalar(tokens) and _scalar(machine.dequantize_tokens):
         return machine.dequantize_s if tokens > machine.dequantize_tokens else 0.0
     return np.where(np.asarray(tokens) > machine.dequantize_tokens, machine.dequantize_s, 0.0)
+
+
+def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0, tokens=0.0):
+    """Wall time of a step of ``tokens`` tokens that reads ``bytes_read`` and computes ``flops`` (whole step, all tp
+    devices)."""
+    memory_s, compute_s = roofline_seconds(bytes_read, flops, machine)
+    roof_s = max(memory_s, compute_s) if _scalar(memory_s) and _scalar(compute_s) else np.maximum(memory_s, compute_s)
+    return (roof_s + machine.step_overhead_s + machine.sequence_overhead_s * sequences + comm_s
+            + dequantize_seconds(machine, tokens))
 
 
 def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
@@ -534,8 +536,7 @@ def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
         # simulator calls this once per step; tests check it equals the general path)
         tokens = step.decode_sequences + step.prefill_tokens
         return step_time(priced_bytes(cost, machine, step), priced_flops(cost, machine, step), machine,
-                         allreduce_seconds(cost, machine, tokens) + dequantize_seconds(machine, tokens),
-                         step.decode_sequences + step.prefill_sequences)
+                         allreduce_seconds(cost, machine, tokens), step.decode_sequences + step.prefill_sequences, tokens)
     micro_s, send_s, count = micro_step_seconds(cost, machine, step)
     return pipeline_cycle_seconds(cost, machine, micro_s, send_s, count)
 
@@ -575,8 +576,7 @@ def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
         bytes_read = step_bytes(cost, step) - own_expert_bytes + factor * group_expert_bytes
         flops = priced_flops(cost, machine, step) - own_expert_flops + group_expert_flops
         comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
-        comm_s += dequantize_seconds(machine, tokens)
-        slowest = max(slowest, step_time(bytes_read, flops, machine, comm_s, step.sequences))
+        slowest = max(slowest, step_time(bytes_read, flops, machine, comm_s, step.sequences, tokens))
     return slowest
 
 
@@ -585,9 +585,8 @@ def micro_step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
     micro, count = micro_step(machine, step)
     tokens = micro.decode_sequences + micro.prefill_tokens
     comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
-    comm_s = comm_s + dequantize_seconds(machine, tokens)
     bytes_read, flops = _replica_work(cost, machine, micro, step.sequences)
-    micro_s = step_time(bytes_read, flops, machine, comm_s, micro.decode_sequences + micro.prefill_sequences)
+    micro_s = step_time(bytes_read, flops, machine, comm_s, micro.decode_sequences + micro.prefill_sequences, tokens)
     return micro_s, pipeline_send_seconds(cost, machine, tokens), count
 
 
