@@ -580,8 +580,8 @@ def predict_prefill_at_gemm(rows: list[Row], efficiency: float, profile: str = G
     engines: dict[str, EngineProfile] = {}
 
     def engine_of(row: Row) -> EngineProfile:
-        key = row_engine(row) or profile
-        key = key if key != "llama-cpp" else profile
+        versioned = row_engine(row)
+        key = profile if versioned in (None, "llama-cpp") else versioned
         if key not in engines:
             engines[key] = gemm_profile(efficiency, key)
         return engines[key]

@@ -260,7 +260,7 @@ def points_from_verify(result: VerifyResult, source: str) -> list[CalibrationPoi
     points = []
     for row in result.decode:
         if row.threads == threads:
-            predicted = _seconds(1.0 / row.tok_s_predicted if row.tok_s_predicted and row.tok_s_predicted > 0 else None)
+            predicted = _seconds(1.0 / row.tok_s_predicted if row.tok_s_predicted else None)
             points.append(CalibrationPoint("decode", row.bytes_per_token, row.flops_per_token, 1.0 / row.tok_s,
                                            f"decode @ ctx {row.context_start}" + (" (base)" if row.kind == "base" else ""),
                                            source, kernels=kernels, prior_s=predicted))
