@@ -938,6 +938,13 @@ def score_rows(rows: list[Row], *, with_llm_analysis: bool = True) -> dict[str, 
     return predictions
 
 
+def _signed(predicted: float | None, measured: float) -> str:
+    """The signed percentage error, predicted against measured (+: predicted above the measurement), or n/a."""
+    if predicted is None or not measured or not math.isfinite(predicted):
+        return f"{'n/a':>7}"
+    return f"{100.0 * (predicted - measured) / measured:+7.1f}"
+
+
 def _fmt(value: float | None, width: int = 8) -> str:
     return f"{value:{width}.1f}" if value is not None else f"{'n/a':>{width}}"
 
@@ -1035,21 +1042,24 @@ def main(argv: list[str] | None = None) -> int:
     others = score_other_quantities(all_rows)
 
     if not args.quiet:
-        print(f"{'#':>3} {'fold':4} {'device':15} {'model':14} {'weights':7} {'engine':10} {'measured':>8} {'ideal':>8} {'default':>8} {'fixed-2ms':>9} {'llm-an.':>8}  err% ideal/default")
+        print(f"{'#':>3} {'fold':4} {'device':15} {'model':14} {'weights':7} {'engine':10} {'measured':>8} {'ideal':>8} {'default':>8} {'fixed-2ms':>9} {'llm-an.':>8} {'profiles':>8}  err% ideal/default  (pred-meas)/meas %: profiles")
         for i, row in enumerate(rows):
-            ideal, default = predictions["ideal"][i], predictions["default"][i]
+            ideal, default, profiles = predictions["ideal"][i], predictions["default"][i], predictions["profiles"][i]
             print(
                 f"{row.index:3d} {row.fold:4} {row.device:15} {row.model:14} {row.weights:7} {row.engine:10} {row.decode_tok_s:8.1f} "
-                f"{_fmt(ideal)} {_fmt(default)} {_fmt(predictions['fixed-2ms'][i], 9)} {_fmt(predictions['llm-analysis'][i])}  "
-                f"{ape(ideal, row.decode_tok_s):5.0f} / {ape(default, row.decode_tok_s):4.0f}"
+                f"{_fmt(ideal)} {_fmt(default)} {_fmt(predictions['fixed-2ms'][i], 9)} {_fmt(predictions['llm-analysis'][i])} {_fmt(profiles)}  "
+                f"{ape(ideal, row.decode_tok_s):5.0f} / {ape(default, row.decode_tok_s):4.0f}  {_signed(profiles, row.decode_tok_s)}"
             )
         print()
-        print(f"{'#':>3} {'fold':4} {'device':15} {'model':14} {'weights':7} {'engine':10} {'what':20} {'in/out/conc':>14} {'measured':>9} {'ideal':>9} {'default':>9} {'llm-an.':>9}  err% default")
+        # the signed error of the mode each target is judged in: prefill in 'profiles', serving in 'simulate+profiles'
+        print(f"{'#':>3} {'fold':4} {'device':15} {'model':14} {'weights':7} {'engine':10} {'what':20} {'in/out/conc':>14} {'measured':>9} {'ideal':>9} {'default':>9} {'llm-an.':>9} {'profiles':>9} {'sim+prof':>9}  err% default  (pred-meas)/meas %: profiles / sim+prof")
         for r in others:
             row = r["row"]
             print(f"{row.index:3d} {row.fold:4} {row.device:15} {row.model:14} {row.weights:7} {row.engine:10} {r['what'][:20]:20} "
                   f"{f'{row.prompt_tokens}/{row.output_tokens}/{row.concurrency}':>14} {r['measured']:9.1f} {_fmt(r['ideal'], 9)} {_fmt(r['default'], 9)} "
-                  f"{_fmt(r['llm-analysis'], 9)}  {ape(r['default'], r['measured']) if r['default'] else float('nan'):5.0f}")  # fmt: skip
+                  f"{_fmt(r['llm-analysis'], 9)} {_fmt(r.get('profiles'), 9)} {_fmt(r.get('simulate+profiles'), 9)}  "
+                  f"{ape(r['default'], r['measured']) if r['default'] else float('nan'):5.0f}  "
+                  f"{_signed(r.get('profiles'), r['measured'])} / {_signed(r.get('simulate+profiles'), r['measured'])}")  # fmt: skip
         print()
 
     print(f"Absolute percentage error against published measurements ({args.csv.name}: {len(all_rows)} rows; "

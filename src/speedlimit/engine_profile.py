@@ -40,9 +40,12 @@ class Sourced(BaseModel):
     value: Any
     source: str | None = Field(None, min_length=8)
     fitted: str | None = Field(None, min_length=1)
-    # device-dependent scheduler defaults (vLLM, SGLang): `large_memory_value` on devices with >= large_memory_gib
-    large_memory_value: Any = None
-    large_memory_gib: float | None = Field(None, gt=0)
+    # device-dependent scheduler defaults (vLLM, SGLang): [[GiB, value], ...], the value of the highest tier the
+    # device's memory reaches (`value` below the first tier, or when the memory is unknown)
+    by_memory_gib: list[tuple[float, Any]] | None = None
+    # devices (a lower-case fragment of the catalog key or name) that keep `value` whatever their memory
+    # (vLLM: A100s keep its small defaults)
+    except_devices: list[str] | None = None
     # SGLang: at most this fraction of the KV cache's capacity in tokens
     kv_tokens_fraction: float | None = Field(None, gt=0, le=1)
 
@@ -50,21 +53,33 @@ class Sourced(BaseModel):
     def _one_basis(self) -> Sourced:
         if (self.source is None) == (self.fitted is None):
             raise ValueError("give exactly one of source = \"<public page and what it says>\" or fitted = \"<fold>\"")
-        if (self.large_memory_value is None) != (self.large_memory_gib is None):
-            raise ValueError("large_memory_value and large_memory_gib go together")
+        if self.by_memory_gib is not None:
+            tiers = [gib for gib, _ in self.by_memory_gib]
+            if not tiers or not all(math.isfinite(gib) and gib > 0 for gib in tiers) or tiers != sorted(set(tiers)):
+                raise ValueError("by_memory_gib must be [GiB, value] tiers with increasing GiB > 0")
+        if self.except_devices is not None and (self.by_memory_gib is None or not all(
+                isinstance(name, str) and name.strip() for name in self.except_devices)):
+            raise ValueError("except_devices names devices (non-empty text) exempt from by_memory_gib, and needs it")
         return self
+
+    def values(self) -> list[Any]:
+        """Every value the field can take (its base value and each memory tier's)."""
+        return [self.value] + [value for _, value in self.by_memory_gib or ()]
 
     @property
     def basis(self) -> str:
         """Where the value comes from, in words: its public source, or the fold it was fitted on."""
         return self.source if self.source is not None else f"fitted on fold {self.fitted}"
 
-    def at(self, memory_bytes: float | None = None, kv_tokens: float | None = None) -> Any:
-        """The value on a device with ``memory_bytes`` (None: unknown → the base value), capped by the KV rule."""
+    def at(self, memory_bytes: float | None = None, kv_tokens: float | None = None, device: str = "") -> Any:
+        """The value on a device with ``memory_bytes`` (None: unknown → the base value) named ``device`` (its catalog
+        key and name), capped by the KV rule."""
         value = self.value
-        if self.large_memory_gib is not None and memory_bytes is not None and math.isfinite(memory_bytes) \
-                and memory_bytes >= self.large_memory_gib * GIB:
-            value = self.large_memory_value
+        exempt = any(name.lower() in device.lower() for name in self.except_devices or ())
+        if memory_bytes is not None and math.isfinite(memory_bytes) and not exempt:
+            for gib, tier_value in self.by_memory_gib or ():
+                if memory_bytes >= gib * GIB:
+                    value = tier_value
         if self.kv_tokens_fraction is not None and kv_tokens is not None and math.isfinite(kv_tokens):
             value = max(1, min(value, int(kv_tokens * self.kv_tokens_fraction)))
         return value
@@ -93,6 +108,9 @@ class EngineProfile(BaseModel):
     mode: Sourced
     max_seqs: Sourced
     max_batched_tokens: Sourced
+    # where the data-parallel replicas share their experts (SGLang's --enable-dp-attention), each replica's token
+    # budget is max_batched_tokens divided by this: a whole number, or "dp" (the data-parallel size); None: undivided
+    dp_attention_chunk_divisor: Sourced | None = None
     chunked_prefill: Sourced
     # without chunked prefill: True = a step prefills whole prompts and decodes pause (vLLM V0's prefill-first);
     # False = whole prompts join the decodes' step within the token budget (TensorRT-LLM's in-flight batching)
@@ -149,10 +167,28 @@ class EngineProfile(BaseModel):
     def _count(cls, field: Sourced | None) -> Sourced | None:
         if field is None:
             return field
-        for value in (field.value, field.large_memory_value):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        for value in field.values():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"must be a whole number >= 1, got {value!r}")
         return field
+
+    @field_validator("dp_attention_chunk_divisor")
+    @classmethod
+    def _divisor(cls, field: Sourced | None) -> Sourced | None:
+        if field is not None and field.value != "dp" and (
+                isinstance(field.value, bool) or not isinstance(field.value, int) or field.value < 1):
+            raise ValueError(f'must be a whole number >= 1 or "dp", got {field.value!r}')
+        return field
+
+    @model_validator(mode="after")
+    def _device_rules_on_counts(self) -> EngineProfile:
+        # the device-memory and KV rules are the scheduler caps' (SGLang's and vLLM's defaults); elsewhere they
+        # would be ignored, so they are refused
+        for name, sourced in self.sourced_values().items():
+            if name not in ("max_seqs", "max_batched_tokens") and (
+                    sourced.by_memory_gib is not None or sourced.kv_tokens_fraction is not None):
+                raise ValueError(f"{name}: by_memory_gib and kv_tokens_fraction apply to max_seqs and max_batched_tokens only")
+        return self
 
     @field_validator("chunked_prefill", "prefill_first", "prefix_caching", "cuda_graphs", "fp8_activation_quant_kernels")
     @classmethod
@@ -276,6 +312,14 @@ class EngineProfile(BaseModel):
             kernels += arch_linears
         return kernels
 
+    def batched_tokens_per_replica(self, tokens: int, dp: int) -> int:
+        """The token budget of one of ``dp`` data-parallel replicas that share their experts, from the engine's
+        ``tokens`` (SGLang divides its chunked-prefill size under data-parallel attention)."""
+        divisor = _value(self.dp_attention_chunk_divisor)
+        if divisor is None or dp <= 1:
+            return tokens
+        return max(1, tokens // (dp if divisor == "dp" else divisor))
+
     def default_kv(self, weights_compute_dtype: str | None) -> str:
         """The KV format it runs by default with weights that compute in ``weights_compute_dtype`` (None: unknown)."""
         if self.fp8_weights_kv is not None and weights_compute_dtype == "fp8":
@@ -293,8 +337,10 @@ class EngineProfile(BaseModel):
         values = {}
         for field, sourced in self.sourced_values().items():
             value = {"value": sourced.value, "source": sourced.source, "fitted": sourced.fitted}
-            if sourced.large_memory_gib is not None:
-                value |= {"large_memory_value": sourced.large_memory_value, "large_memory_gib": sourced.large_memory_gib}
+            if sourced.by_memory_gib is not None:
+                value["by_memory_gib"] = [[gib, tier] for gib, tier in sourced.by_memory_gib]
+            if sourced.except_devices is not None:
+                value["except_devices"] = list(sourced.except_devices)
             if sourced.kv_tokens_fraction is not None:
                 value["kv_tokens_fraction"] = sourced.kv_tokens_fraction
             values[field] = value

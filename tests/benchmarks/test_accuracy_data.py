@@ -545,3 +545,26 @@ def test_rows_naming_vllm_0_7_are_priced_with_its_profile_in_profiles_mode(score
     assert later and {score.row_engine(row) for row in later} == {"vllm"}
     # V0 with MLA: --max-model-len is the step's token budget (SOURCES.md, engine_args)
     assert {dict(row.engine_args).get("max_batched_tokens") for row in early if row.device == "mi300x"} == {32768}
+
+
+def test_per_row_table_gives_each_targets_mode_and_its_signed_error(score, capsys, tmp_path):
+    """Without --quiet, every row prints the prediction of the mode its target is judged in (decode and prefill:
+    profiles; serving: simulate+profiles) and the signed error, so a per-row figure in the docs reruns from score.py."""
+    header = CSV_PATH.read_text(encoding="utf-8").splitlines()[0]
+    picked = [r for r in score.load_rows() if r.quantity == "serving" and r.engine == "vllm" and r.concurrency == 4][:1]
+    picked += [r for r in score.load_rows() if r.quantity == "prefill" and r.fold == "B"][:1]
+    lines = CSV_PATH.read_text(encoding="utf-8").splitlines()
+    small = tmp_path / "few.csv"
+    small.write_text("\n".join([header] + [lines[r.index] for r in picked]) + "\n", encoding="utf-8")
+    assert score.main(["--csv", str(small)]) in (0, 1)  # 1: the fold-A fits have no rows to fit here
+    out = capsys.readouterr().out
+    picked = score.load_rows(small)  # numbered as in the small file
+    serving = picked[0]
+    simulated = score.predict_serving_simulated(serving, engine=score.row_engine(serving))
+    expected = 100.0 * (simulated["tpot_ms"] - serving.tpot_ms) / serving.tpot_ms
+    tpot_line = next(line for line in out.splitlines() if line.lstrip().startswith(f"{serving.index} ") and "TPOT under load" in line)
+    assert tpot_line.split("/")[-1].strip() == f"{expected:+.1f}"
+    prefill = picked[1]
+    predicted = score.predict_prefill_tok_s(prefill, engine=score.row_engine(prefill))
+    prefill_line = next(line for line in out.splitlines() if line.lstrip().startswith(f"{prefill.index} ") and "prefill" in line)
+    assert f"{100.0 * (predicted - prefill.prefill_tok_s) / prefill.prefill_tok_s:+.1f} /     n/a" in prefill_line

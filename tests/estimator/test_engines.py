@@ -157,8 +157,122 @@ def test_vllm_scheduler_defaults_depend_on_device_memory() -> None:
     vllm = catalog_engine("vllm")
     assert vllm.max_seqs.at(80e9) == 1024 and vllm.max_batched_tokens.at(80e9) == 8192
     assert vllm.max_seqs.at(24e9) == 256 and vllm.max_batched_tokens.at(24e9) == 2048
+    # vLLM keeps its small defaults on A100s whatever their memory (arg_utils.py get_batch_defaults)
+    a100 = resolve_hardware("a100-sxm-80gb")
+    assert vllm.max_seqs.at(a100.memory_bytes, device=f"{a100.key} {a100.name}") == 256
     sglang = catalog_engine("sglang")
     assert sglang.max_seqs.at(80e9, kv_tokens=1000) == 500
+
+
+@pytest.mark.parametrize(("device", "late", "early"), [
+    ("rtx-4090", 2048, 2048),  # 24 GiB: below both versions' first tier
+    ("a100-40gb", 4096, 8192),  # 40 GiB: late 2025's 35-60 GiB tier
+    ("l40s", 4096, 8192),
+    ("h100-sxm", 8192, 8192),
+    ("h200", 8192, 8192),  # 131 GiB: below 160
+    ("b200", 16384, 8192),
+    ("mi300x", 16384, 8192),
+])
+def test_sglang_chunked_prefill_budget_by_version_and_memory(device: str, late: int, early: int) -> None:
+    """SGLang's chunked_prefill_size: 0.5.6's five memory tiers; 0.4.x's 2,048 below 25,000 MiB, else 8,192."""
+    memory = resolve_hardware(device).memory_bytes
+    assert catalog_engine("sglang").max_batched_tokens.at(memory) == late
+    assert catalog_engine("sglang-0.4").max_batched_tokens.at(memory) == early
+    assert catalog_engine("sglang-0.4-rocm").max_batched_tokens.at(memory) == early
+    # an unknown device memory takes the base value
+    assert catalog_engine("sglang").max_batched_tokens.at(None) == 2048
+
+
+def test_memory_tiers_pick_the_highest_reached() -> None:
+    tiers = Sourced(value=1, by_memory_gib=[[10, 2], [20, 3]], source="https://example.org/x")
+    gib = 2**30
+    assert [tiers.at(m * gib) for m in (5, 10, 15, 20, 500)] == [1, 2, 2, 3, 3]
+    assert tiers.at(math.inf) == 1 and tiers.at(math.nan) == 1  # not a memory size: the base value
+    exempt = Sourced(value=1, by_memory_gib=[[10, 2]], except_devices=["a100"], source="https://example.org/x")
+    assert exempt.at(80 * gib, device="a100-sxm-80gb NVIDIA A100") == 1 and exempt.at(80 * gib, device="h100-sxm") == 2
+
+
+@pytest.mark.parametrize("bad", [
+    {"by_memory_gib": [[20, 2], [10, 3]]},  # tiers out of order
+    {"by_memory_gib": [[10, 2], [10, 3]]},  # a tier twice
+    {"by_memory_gib": [[0, 2]]},
+    {"by_memory_gib": []},
+    {"except_devices": ["a100"]},  # an exemption without tiers
+    {"by_memory_gib": [[10, 2]], "except_devices": [" "]},
+])
+def test_memory_tiers_are_checked(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        Sourced(value=1, source="https://example.org/x", **bad)
+
+
+def test_device_rules_belong_to_the_scheduler_caps() -> None:
+    base = dict(catalog_engine("sglang").model_dump())
+    base["kernel_fraction"] = {"value": 0.5, "by_memory_gib": [[10, 0.6]], "source": "https://example.org/x"}
+    with pytest.raises(ValueError, match="max_seqs and max_batched_tokens only"):
+        EngineProfile.model_validate(base)
+    base = dict(catalog_engine("sglang").model_dump())
+    base["max_batched_tokens"] = {"value": 2048, "by_memory_gib": [[10, 0]], "source": "https://example.org/x"}
+    with pytest.raises(ValueError, match="whole number"):
+        EngineProfile.model_validate(base)
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, "tp", True])
+def test_dp_attention_chunk_divisor_is_checked(bad) -> None:
+    base = dict(catalog_engine("sglang").model_dump())
+    base["dp_attention_chunk_divisor"] = {"value": bad, "source": "https://example.org/x"}
+    with pytest.raises(ValueError, match="whole number >= 1 or"):
+        EngineProfile.model_validate(base)
+
+
+def test_sglang_divides_its_budget_among_data_parallel_attention_ranks() -> None:
+    """SGLang with --enable-dp-attention (replicas sharing their experts): 0.5.6 divides chunked_prefill_size by the
+    data-parallel size, 0.4.x halves it; independent replicas and an explicit budget are not divided."""
+    from speedlimit.simulator.api import engine_config
+
+    def budget(engine: str, **layout) -> int:
+        return engine_config(step=step_model("deepseek-r1", "h200", engine=engine, **layout)).max_batched_tokens
+
+    assert budget("sglang", tp=1, dp=8, ep=8) == 8192 // 8
+    assert budget("sglang-0.4", tp=1, dp=8, ep=8) == 8192 // 2
+    assert budget("sglang-0.4", tp=8) == 8192
+    assert budget("vllm", tp=1, dp=8, ep=8) == 8192  # vLLM's data-parallel ranks keep the whole budget
+    assert budget("sglang", tp=8, dp=2) == 8192  # independent replicas (no shared experts)
+    explicit = engine_config(step=step_model("deepseek-r1", "h200", engine="sglang", tp=1, dp=8, ep=8),
+                             max_batched_tokens=4096)
+    assert explicit.max_batched_tokens == 4096
+
+
+def test_a_prefill_alone_engine_may_budget_fewer_tokens_than_running_sequences() -> None:
+    """SGLang's budget bounds a prefill step's prompt tokens (its decode batch holds every running request), so it
+    may be below the running cap; a mixed-step engine's budget must hold every running sequence's decode."""
+    from speedlimit.simulator.api import engine_config
+
+    sglang = engine_config(step=step_model("llama-3.1-8b", "rtx-4090", weights="int4", engine="sglang"))
+    assert sglang.prefills_alone and sglang.max_batched_tokens == 2048 < sglang.max_seqs
+    vllm = engine_config(step=step_model("llama-3.1-8b", "h100-sxm", engine="vllm"), max_seqs=4096)
+    assert vllm.max_batched_tokens == 8192  # given max_seqs 4096, the default 8,192 still holds them
+    with pytest.raises(SpeedlimitError, match="must be at least --max-seqs"):
+        engine_config(step=step_model("llama-3.1-8b", "h100-sxm", engine="vllm"), max_seqs=4096, max_batched_tokens=1024)
+    raised = engine_config(step=step_model("llama-3.1-8b", "h100-sxm", engine="vllm"), max_seqs=10000)
+    assert raised.max_batched_tokens == 10000  # a mixed-step default is raised to the running cap
+
+
+def test_sglang_dp_attention_prompts_share_a_prefill_step_only_within_the_rank_budget() -> None:
+    """Two 3,200-token prompts reaching one SGLang 0.4 rank together: with the rank's halved budget (4,096) the second
+    waits out the first's prefill step; with 8,192 given explicitly they share one."""
+    from speedlimit.simulator.api import build_workload, engine_config, run_workload
+
+    step = step_model("mixtral-8x7b", "h200", engine="sglang-0.4", tp=1, dp=2, ep=2)
+    ttft = {}
+    for tokens in (None, 8192):
+        workload = build_workload(rate=1.0, requests=3, seed=0)
+        # round-robin: requests 0 and 2 go to rank 0, request 1 to rank 1
+        workload.arrivals, workload.prompts, workload.outputs = [0.0, 0.0, 0.0], [3200, 16, 3200], [4, 4, 4]
+        first, _, third = run_workload(step, engine_config(step=step, max_batched_tokens=tokens), workload).records
+        ttft[tokens] = (first.ttft_s, third.ttft_s)
+    assert engine_config(step=step).max_batched_tokens == 4096
+    assert ttft[8192][1] == pytest.approx(ttft[8192][0])  # one prefill step for both
+    assert ttft[None][1] > 1.5 * ttft[None][0]  # the second prompt's prefill is a step of its own
 
 
 def test_gemm_curve_interpolates_in_log_tokens() -> None:

@@ -93,7 +93,7 @@ def test_a_prefill_on_one_replica_stalls_the_decodes_of_the_others():
     alone_step = step_model("mixtral-8x7b", "h200", dp=2, engine="sglang")
     results = {}
     for name, step in (("coupled", coupled_step), ("independent", alone_step)):
-        engine = engine_config(step=step)
+        engine = engine_config(step=step, max_batched_tokens=8192)  # the whole prompt in one step on both layouts
         workload = build_workload(rate=1.0, requests=2, seed=0)
         workload.arrivals, workload.prompts, workload.outputs = arrivals, lengths["prompts"], lengths["outputs"]
         results[name] = run_workload(step, engine, workload).records

@@ -306,10 +306,15 @@ def hardware_command(as_json: Annotated[bool, flag_option("--json/--no-json", "P
 
 
 def _with_device_rule(value: dict[str, Any], shown: str) -> str:
-    """``shown`` (a profile record value's base) with the device rule the record gives: another value on devices with
-    enough memory (vLLM, SGLang), a cap at a fraction of the KV cache's tokens (SGLang)."""
-    if value.get("large_memory_gib") is not None:
-        shown = f"{value['large_memory_value']:,} from {value['large_memory_gib']:g} GiB, else {shown}"
+    """``shown`` (a profile record value's base) with the device rule the record gives: other values on devices with
+    more memory (vLLM, SGLang), devices exempt from them (vLLM's A100s), a cap at a fraction of the KV cache's tokens
+    (SGLang), a division among data-parallel ranks that share their experts (SGLang)."""
+    tiers = value.get("by_memory_gib")
+    if tiers:
+        rule = [f"{tier:,} from {gib:g} GiB" for gib, tier in tiers]
+        if value.get("except_devices"):
+            rule.append(f"not on {', '.join(value['except_devices'])}")
+        shown += f" ({'; '.join(rule)})"
     if value.get("kv_tokens_fraction") is not None:
         shown += f", at most {value['kv_tokens_fraction']:g} of the KV cache's tokens"
     return shown
@@ -321,7 +326,11 @@ def _scheduler_text(values: dict[str, Any]) -> str:
         return _with_device_rule(values[field], f"{values[field]['value']:,} {unit}")
 
     seqs = "seq" if values["max_seqs"]["value"] == 1 else "seqs"
-    parts = [values["mode"]["value"], count("max_seqs", seqs), count("max_batched_tokens", "tok/step")]
+    tokens = count("max_batched_tokens", "tok/step")
+    divisor = values.get("dp_attention_chunk_divisor", {}).get("value")
+    if divisor is not None:
+        tokens += f", ÷ {'dp' if divisor == 'dp' else f'{divisor:,}'} per DP-attention rank"
+    parts = [values["mode"]["value"], count("max_seqs", seqs), tokens]
     parts.append("chunked" if values["chunked_prefill"]["value"] else "whole prompts")
     return ", ".join(parts)
 

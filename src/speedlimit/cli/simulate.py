@@ -129,7 +129,7 @@ def simulate_command(
                                                        "a time) with generic defaults (256 sequences, 8,192 tokens/step; "
                                                        "serial: 1, 512); default: the engine profile's scheduler."),
     max_seqs: Optional[int] = typer.Option(None, help="Running-sequence cap (default: the engine profile's)."),
-    max_batched_tokens: Optional[int] = typer.Option(None, help="Token budget per step (default: the engine profile's)."),
+    max_batched_tokens: Optional[int] = typer.Option(None, help="Token budget per step of one replica (default: the engine profile's; SGLang's is split among DP-attention ranks)."),
     chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill/--no-chunked-prefill", metavar="",
                                                    help="Split prompts over steps within the token budget (else "
                                                         "prefill-first steps of whole prompts; default: the engine "

@@ -154,6 +154,9 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
     """An engine's scheduler: explicit options over the engine profile's defaults (``profile``, else ``step``'s
     engine; vLLM's and SGLang's depend on the device's memory and the KV capacity); with ``mode`` given
     (continuous or serial), that scheduler's generic defaults instead. The KV capacity from memory beside the weights (one data-parallel replica's). ``use_profile=False``: the mode's generic defaults only."""
+    # replicas that share their experts step together (SGLang's DP attention), and some engines split their token
+    # budget among them
+    lockstep_replicas = int(step.machine.dp) if step is not None and coupled(step) else 1
     if step is not None:
         step, _ = replica_step(step)  # one replica's scheduler and KV cache
     if profile is None and step is not None:
@@ -183,10 +186,10 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
         capacity = math.inf
     if profile is not None:
         memory = step.device.memory_bytes if step is not None else None
-        if step is not None and "a100" in f"{step.device.key} {step.device.name}".lower():
-            memory = None  # vLLM keeps its small defaults on A100s (arg_utils.py get_batch_defaults)
-        defaults = {"max_seqs": profile.max_seqs.at(memory, capacity),
-                    "max_batched_tokens": profile.max_batched_tokens.at(memory)}
+        device = f"{step.device.key} {step.device.name}" if step is not None else ""
+        defaults = {"max_seqs": profile.max_seqs.at(memory, capacity, device),
+                    "max_batched_tokens": profile.batched_tokens_per_replica(profile.max_batched_tokens.at(memory, device=device),
+                                                                             lockstep_replicas)}
         if chunked_prefill is None:
             chunked_prefill = bool(profile.chunked_prefill.value)
         if profile.prefill_first is not None:
@@ -196,13 +199,16 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
     max_seqs = _whole("max-seqs", defaults["max_seqs"] if max_seqs is None else max_seqs, 1, 1_000_000)
     tokens = _whole("max-batched-tokens", defaults["max_batched_tokens"] if max_batched_tokens is None
                     else max_batched_tokens, 1, 10_000_000)
-    if max_batched_tokens is None and mode == "continuous" and tokens < max_seqs:
-        tokens = max_seqs
-    return EngineConfig(mode=mode, max_seqs=max_seqs, max_batched_tokens=tokens,
-                        chunked_prefill=True if chunked_prefill is None else bool(chunked_prefill),
-                        prefill_first=prefill_first,
-                        block_size=block_size, kv_capacity_tokens=capacity,
-                        prefix_caching=bool(prefix_caching)).check()
+    config = EngineConfig(mode=mode, max_seqs=max_seqs, max_batched_tokens=tokens,
+                          chunked_prefill=True if chunked_prefill is None else bool(chunked_prefill),
+                          prefill_first=prefill_first,
+                          block_size=block_size, kv_capacity_tokens=capacity,
+                          prefix_caching=bool(prefix_caching))
+    if max_batched_tokens is None and mode == "continuous" and tokens < max_seqs and not config.prefills_alone:
+        # a step that mixes decodes with prefills must hold every running sequence's decode (vLLM requires
+        # max_num_batched_tokens >= max_num_seqs); where prefill steps run alone the budget is theirs only
+        config = replace(config, max_batched_tokens=max_seqs)
+    return config.check()
 
 
 def split_engine(engine: Any, scheduler: str | None = None) -> tuple[Any, str | None, bool]:

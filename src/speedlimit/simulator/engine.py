@@ -13,7 +13,8 @@ The engine (vLLM-v1-like, and llama.cpp's server with ``--parallel N``):
   then the prefill chunks of running sequences, then new sequences from the queue while budget, slots and KV blocks
   last. With ``chunked_prefill`` a prompt may be split over steps; without it a prompt is computed whole in one
   step. With ``prefill_first`` a step either prefills (decodes pause) or decodes: whole prompts without chunked
-  prefill (vLLM V0), chunks within the budget with it (SGLang, whose in-progress chunked prompt goes first); without
+  prefill (vLLM V0), chunks within the budget with it (SGLang, whose in-progress chunked prompt goes first; the
+  budget bounds only a prefill step's prompt tokens, so it may be below ``max_seqs``); without
   it the prefills join the decodes' step while the token budget lasts (whole prompts: TensorRT-LLM's in-flight
   batching; chunks: vLLM V1);
 - a paged KV cache (``block_size``-token blocks, ``kv_capacity_tokens`` in all): a sequence holds ceil(cached/block)
@@ -104,7 +105,7 @@ class EngineConfig:
                             ("block-size", self.block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000_000:
                 raise SpeedlimitError(f"--{name} must be a whole number between 1 and 10,000,000, got {value!r}")
-        if self.max_batched_tokens < self.slots:
+        if self.max_batched_tokens < self.slots and not self.prefills_alone:
             raise SpeedlimitError(f"--max-batched-tokens ({self.max_batched_tokens}) must be at least --max-seqs "
                                   f"({self.slots}): every running sequence decodes one token per step")
         if not (self.kv_capacity_tokens > 0):
