@@ -48,22 +48,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def server_command(engine: str, gguf: Path, port: int) -> list[str]:
+# Compute threads per engine on the 2-core machines this runs on. llama-cpp-python's server streams each token from
+# a Python event loop that needs a core of its own: with 2 compute threads beside it and the bench client, its
+# per-token time on the dev VM took one of two values from run to run (8-9 ms or 25-29 ms; 2026-12-05, see
+# benchmarks/README.md, "Serving simulator against real engines"), whatever the model, so a fit at one concurrency
+# did not carry to another; with 1 it stays within 12-17 ms. llama-server streams from C++ threads and keeps 2.
+DEFAULT_THREADS = {"llama-server": 2, "llama-cpp-python": 1}
+
+
+def server_command(engine: str, gguf: Path, port: int, threads: int | None = None) -> list[str]:
+    threads = str(threads or DEFAULT_THREADS[engine])
     if engine == "llama-server":
-        return [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", "2",
+        return [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", threads,
                 "--parallel", "8", "-c", "8192", "--metrics"]
     return [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-            "--n_ctx", "2048", "--n_threads", "2", "--interrupt_requests", "False"]
+            "--n_ctx", "2048", "--n_threads", threads, "--interrupt_requests", "False"]
 
 
 class Server:
     """A real engine on 127.0.0.1, started and stopped by this process."""
 
-    def __init__(self, engine: str, gguf: Path, timeout_s: float = 180) -> None:
+    def __init__(self, engine: str, gguf: Path, timeout_s: float = 180, threads: int | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log = tempfile.NamedTemporaryFile(prefix=f"{engine}_", suffix=".log", delete=False)
-        self.process = subprocess.Popen(server_command(engine, gguf, self.port), stdout=self.log,
+        self.process = subprocess.Popen(server_command(engine, gguf, self.port, threads), stdout=self.log,
                                         stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -181,14 +190,14 @@ def figure(summary, metric: str, stat: str | None) -> float | None:
 
 
 def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], requests: int, prompt: int, output: int,
-             seed: int = 1, bench: bool = True, basis: Any = None) -> dict[str, Any]:
+             seed: int = 1, bench: bool = True, basis: Any = None, threads: int | None = None) -> dict[str, Any]:
     from speedlimit.artifacts import iter_records, load_summary
     from speedlimit.bundled import default_gguf_path
     from speedlimit.catalog import resolve_model
 
     gguf = default_gguf_path()
     if bench:
-        with Server(engine, gguf) as server:
+        with Server(engine, gguf, threads=threads) as server:
             run_bench(server.url, out, concurrencies, requests, prompt, output, seed, engine)
     model = resolve_model(str(gguf))
     points = {c: load_summary(out / f"concurrency_{c}" / "summary.json") for c in concurrencies}
@@ -206,12 +215,14 @@ def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], re
                 row[name] = {"measured": m, "predicted": p, "ratio": m / p if m is not None and p else None}
             rows.append(row)
     return {"engine": engine, "hardware": hardware, "basis": basis, "spec": ENGINE_SPECS[engine], "engine_profile": profile,
-            "workload": {"prompt": prompt, "output": output, "requests": requests, "seed": seed}, "rows": rows}
+            "workload": {"prompt": prompt, "output": output, "requests": requests, "seed": seed},
+            "threads": threads or DEFAULT_THREADS[engine], "rows": rows}
 
 
 def print_result(result: dict[str, Any]) -> None:
     profile = result["engine_profile"]
-    print(f"{result['engine']} ({result['spec']}) on {getattr(result['hardware'], 'name', result['hardware'])}; workload {result['workload']}")
+    print(f"{result['engine']} ({result['spec']}, {result['threads']} compute threads) on "
+          f"{getattr(result['hardware'], 'name', result['hardware'])}; workload {result['workload']}")
     print(f"engine profile fitted at concurrency 1: bandwidth efficiency {profile['bw_efficiency']:.3f}, step overhead "
           f"{profile['step_overhead'] * 1e3:.2f} ms, FLOP/s efficiency {profile['flops_efficiency']:.3f}")
     names = [name for name, _, _ in COMPARED]
@@ -241,10 +252,12 @@ def main() -> None:
     parser.add_argument("--output", type=int, default=64)
     parser.add_argument("--basis", help="hardware the engine profile's efficiencies refer to (default: --hardware)")
     parser.add_argument("--no-bench", action="store_true", help="re-analyse an existing --out directory")
+    parser.add_argument("--threads", type=int, help="the server's compute threads (default: llama-server 2, "
+                                                     "llama-cpp-python 1; see DEFAULT_THREADS)")
     args = parser.parse_args()
     result = validate(args.engine, hardware_arg(args.hardware), args.out, [int(c) for c in args.concurrency.split(",")],
                       args.requests, args.prompt, args.output, bench=not args.no_bench,
-                      basis=hardware_arg(args.basis) if args.basis else None)
+                      basis=hardware_arg(args.basis) if args.basis else None, threads=args.threads)
     (args.out / "validation.json").write_text(json.dumps(result, indent=2, default=str))
     print_result(result)
 
