@@ -547,6 +547,7 @@ def test_rows_naming_vllm_0_7_are_priced_with_its_profile_in_profiles_mode(score
     assert {dict(row.engine_args).get("max_batched_tokens") for row in early if row.device == "mi300x"} == {32768}
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the fold-A fits have no rows in this two-row file
 def test_per_row_table_gives_each_targets_mode_and_its_signed_error(score, capsys, tmp_path):
     """Without --quiet, every row prints the prediction of the mode its target is judged in (decode and prefill:
     profiles; serving: simulate+profiles) and the signed error, so a per-row figure in the docs reruns from score.py."""
