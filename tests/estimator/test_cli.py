@@ -158,6 +158,15 @@ def test_engines_lists_the_profiles_and_shows_one_with_every_source():
     # an engine whose ROCm build is its own profile says so, in the list and in its own table
     wide = runner.invoke(app, ["engines"], env={"COLUMNS": "200"}).output
     assert "(AMD: vllm-0.7-rocm)" in wide
+    # the device rules of the scheduler defaults: memory tiers, vLLM's A100 exemption, SGLang's DP-attention split
+    sglang = next(e for e in listed if e["name"] == "sglang")["values"]
+    assert sglang["max_batched_tokens"]["by_memory_gib"] == [[35, 4096], [60, 8192], [160, 16384]]
+    assert sglang["dp_attention_chunk_divisor"]["value"] == "dp"
+    from speedlimit.cli.estimate import _scheduler_text  # the list's scheduler column
+
+    assert "256 seqs (1,024 from 70 GiB; not on a100)" in _scheduler_text(next(e for e in listed if e["name"] == "vllm")["values"])
+    assert ("2,048 tok/step (4,096 from 35 GiB; 8,192 from 60 GiB; 16,384 from 160 GiB), ÷ dp per DP-attention rank"
+            in _scheduler_text(sglang))
     assert "on AMD GPUs it runs vllm-0.7-rocm" in " ".join(runner.invoke(app, ["engines", "vllm-0.7"], env={"COLUMNS": "200"}).output.split())
     bad = run_cli("engines", "warp")
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown engine 'warp'") and "vllm" in bad.stderr
