@@ -677,11 +677,13 @@ def test_simulate_any_flags(flags: list[tuple[str, str]], switches: list[str], h
        end=st.sampled_from([("--requests", "1"), ("--requests", "5"), ("--requests", "23"), ("--duration", "2")]),
        extra=st.lists(st.sampled_from([("--ep", "2"), ("--tp", "2"), ("--pp", "2"), ("--max-seqs", "1"),
                                        ("--kv-tokens", "600"), ("--prefix-tokens", "64"), ("--sweep", "rate=1,4"),
-                                       ("--engine", "vllm")]), max_size=2, unique=True),
+                                       ("--engine", "vllm"), ("--engine", "sglang"), ("--engine", "sglang-0.4")]),
+                     max_size=2, unique=True),
        switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--prefix-caching"]), max_size=2))
 def test_simulate_data_parallel_any_load(dp: str, load: tuple[str, str], end: tuple[str, str],
                                          extra: list[tuple[str, str]], switches: list[str]) -> None:
-    """--dp N runs N replicas (with --ep they step together): any load, end, engine and scheduler knobs."""
+    """--dp N runs N replicas (with --ep they step together, and SGLang splits its token budget among them): any
+    load, end, engine and scheduler knobs."""
     model = "mixtral-8x7b" if ("--ep", "2") in extra else "llama-3.1-8b"
     sweeping = any(flag == "--sweep" for flag, _ in extra)  # the sweep sets the load
     argv = ["simulate", "-m", model, "-H", "h200", "--dp", dp, *(() if sweeping else load), *end,
