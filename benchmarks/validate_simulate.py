@@ -196,6 +196,7 @@ def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], re
     from speedlimit.catalog import resolve_model
 
     gguf = default_gguf_path()
+    threads = threads or DEFAULT_THREADS[engine]
     if bench:
         with Server(engine, gguf, threads=threads) as server:
             run_bench(server.url, out, concurrencies, requests, prompt, output, seed, engine)
@@ -216,12 +217,12 @@ def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], re
             rows.append(row)
     return {"engine": engine, "hardware": hardware, "basis": basis, "spec": ENGINE_SPECS[engine], "engine_profile": profile,
             "workload": {"prompt": prompt, "output": output, "requests": requests, "seed": seed},
-            "threads": threads or DEFAULT_THREADS[engine], "rows": rows}
+            "threads": threads, "rows": rows}
 
 
 def print_result(result: dict[str, Any]) -> None:
     profile = result["engine_profile"]
-    print(f"{result['engine']} ({result['spec']}, {result['threads']} compute threads) on "
+    print(f"{result['engine']} ({result['spec']}; server compute threads: {result['threads']}) on "
           f"{getattr(result['hardware'], 'name', result['hardware'])}; workload {result['workload']}")
     print(f"engine profile fitted at concurrency 1: bandwidth efficiency {profile['bw_efficiency']:.3f}, step overhead "
           f"{profile['step_overhead'] * 1e3:.2f} ms, FLOP/s efficiency {profile['flops_efficiency']:.3f}")
