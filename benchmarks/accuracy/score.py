@@ -955,7 +955,8 @@ def score_other_quantities(rows: list[Row], *, with_llm_analysis: bool = True) -
     records = []
     for row in rows:
         kind = resolve_hardware(row.device).kind
-        base = {"row": row, "kind": kind, "engine": row.engine, "fold": row.fold, "model": row.model}
+        base = {"row": row, "kind": kind, "engine": row.engine, "fold": row.fold, "model": row.model,
+                "profile": row_engine(row)}
         if row.quantity == "prefill":
             llm = llm_analysis_prefill_tok_s(row)[0] if use_llm_analysis else None
             records.append(base | {"what": "prefill", "measured": row.prefill_tok_s, "default": predict_prefill_tok_s(row),
@@ -993,8 +994,9 @@ def _summary_line(label: str, pairs: list[tuple[float, float]], width: int = 44)
 
 
 def print_quantity_report(records: list[dict], why_none: dict[str, str]) -> None:
-    """Median / mean absolute % error per quantity and mode: all rows, per fold, per device kind, per engine (and per
-    model for the serving quantities, whose rows are few models each run many ways)."""
+    """Median / mean absolute % error per quantity and mode: all rows, per fold, per device kind, per engine (and, for
+    the serving quantities, whose rows are few models each run many ways, per model and per engine profile the
+    `profiles` modes price a row with: one engine's rows span versions)."""
     for what, target in TARGETS.items():
         chosen = [r for r in records if r["what"] == what]
         goal = f"target: held-out median <= {target:g}%" if target is not None else "not in the decode median (see SOURCES.md)"
@@ -1020,6 +1022,8 @@ def print_quantity_report(records: list[dict], why_none: dict[str, str]) -> None
             groups += [(f"engine {e}", [r for r in chosen if r["engine"] == e]) for e in sorted({r["engine"] for r in chosen})]
             if what in SERVING_QUANTITIES:
                 groups += [(f"model {m}", [r for r in chosen if r["model"] == m]) for m in sorted({r["model"] for r in chosen})]
+                groups += [(f"profile {p}", [r for r in chosen if r["profile"] == p])
+                           for p in sorted({r["profile"] for r in chosen if r["profile"]})]
             for i, (label, group) in enumerate(groups):
                 pairs = [(r.get(mode), r["measured"]) for r in group if r.get(mode) is not None]
                 if pairs:
