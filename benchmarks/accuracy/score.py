@@ -847,12 +847,15 @@ def step_cost_terms(line: EngineStep) -> tuple[float, float, float]:
 def inherited_sequence_overhead_s(lines: list[EngineStep]) -> float | None:
     """The per-sequence cost a profile's fit holds fixed, or None when its lines can fit it: lines that all run one
     batch size cannot tell a per-kernel from a per-sequence cost (both add the same multiple to every step), so
-    only the per-kernel cost is fitted and the per-sequence cost is the profile's parent's (fold D amendment 4)."""
+    only the per-kernel cost is fitted and the per-sequence cost is the profile's parent's (fold D amendment 4), or,
+    for a profile that inherits none, its own cited value (amendment 5)."""
     if len({line.batch for line in lines}) > 1:
         return None
     profile = catalog_engine(lines[0].profile)
-    parent = catalog_engine(profile.inherits) if profile.inherits else None
-    value = parent.sequence_overhead_s if parent is not None else None
+    if profile.inherits is None:  # a root profile keeps its own cited per-sequence cost (fold D amendment 5)
+        value = profile.sequence_overhead_s
+    else:
+        value = catalog_engine(profile.inherits).sequence_overhead_s
     return float(value.value) if value is not None else 0.0
 
 
@@ -874,6 +877,11 @@ def fit_step_costs(lines: list[EngineStep]) -> tuple[float, float]:
         if not math.isclose(direct, base + per_kernel * fitted[0] + per_sequence * fitted[1], rel_tol=1e-6):
             raise AssertionError(f"fold-D line {line.source} is not linear in the step costs: {direct}")
     return fitted
+
+
+#: Profiles that ship another profile's fold-D per-kernel fit (SOURCES.md, fold D amendment 5: the late-2025 engines'
+#: floor per CUDA-graph node, fitted on SGLang's lines, ASSUMED the same for vLLM V1 and TensorRT-LLM).
+SHARED_KERNEL_FIT = {"sglang": ("vllm", "tensorrt-llm")}
 
 
 def _shipped_fold_d(profile: str, field: str, held: bool = False) -> float | None:
@@ -907,11 +915,19 @@ def print_engine_step_fit() -> int:
                    _shipped_fold_d(profile, "sequence_overhead_s", held=held is not None))
         same = all(s is not None and abs(s - f) < 0.25e-6 for s, f in zip(shipped, fitted))
         shown = ", ".join("not fitted on fold D" if s is None else f"{s * 1e6:.1f} us" for s in shipped)
+        whose = "its parent's" if catalog_engine(profile).inherits else "its own cited value"
         per_sequence = (f"{fitted[1] * 1e6:.1f} us per sequence" if held is None else
-                        f"{fitted[1] * 1e6:.1f} us per sequence held at its parent's (its lines run one batch size)")
+                        f"{fitted[1] * 1e6:.1f} us per sequence held at {whose} (its lines run one batch size)")
         print(f"  fit -> {fitted[0] * 1e6:.1f} us per kernel, {per_sequence}; shipped {profile}: "
               f"{shown}{'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
         status |= 0 if same else 1
+        for sharer in SHARED_KERNEL_FIT.get(profile, ()):
+            theirs = _shipped_fold_d(sharer, "kernel_overhead_s")
+            agrees = theirs is not None and abs(theirs - fitted[0]) < 0.25e-6
+            print(f"  shared per-kernel fit, shipped {sharer}: "
+                  f"{'not fitted on fold D' if theirs is None else f'{theirs * 1e6:.1f} us'}"
+                  f"{'' if agrees else '  <-- MISMATCH: update catalog/engines.toml'}")
+            status |= 0 if agrees else 1
     return status
 
 

@@ -298,11 +298,18 @@ def test_default_engine_prices_exactly_as_without_profiles() -> None:
     assert implicit.step_overhead_s == pytest.approx(3e-6 * implicit.kernels_per_step)
 
 
-def test_cuda_graph_engines_drop_the_per_kernel_launch_cost() -> None:
+def test_cuda_graph_engines_pay_a_floor_per_fused_kernel() -> None:
+    """A replayed CUDA graph drops the CPU's launches, not each node's floor on the GPU: the late-2025 engines pay the
+    fold-D fit (SOURCES.md, fold D amendment 5) per kernel of their fused layer, less than llama.cpp's launches."""
     llama = estimate("llama-3.1-70b", "h100-sxm", tp=4, batch=1, prompt=512, output=128)
     vllm = estimate("llama-3.1-70b", "h100-sxm", tp=4, batch=1, prompt=512, output=128, engine="vllm")
     assert llama.step_overhead_s > 1e-3  # the issue's 5.3 ms of kernel launches per step
-    assert vllm.step_overhead_s == 0.0
+    floor_s = resolve_engine("vllm").kernel_overhead_s
+    assert floor_s.fitted == "D" and floor_s.value > 0
+    assert vllm.step_overhead_s == pytest.approx(floor_s.value * vllm.kernels_per_step)
+    assert 0 < vllm.step_overhead_s < llama.step_overhead_s
+    for engine in ("sglang", "tensorrt-llm"):  # one floor, shared (ASSUMED in the rule)
+        assert resolve_engine(engine).kernel_overhead_s.value == floor_s.value
     assert vllm.kernels_per_step == pytest.approx(0.45 * llama.kernels_per_step)
     assert vllm.itl_s < llama.itl_s
     assert vllm.engine == "vllm" and vllm.kv == "bf16"
@@ -497,7 +504,9 @@ def test_cli_unknown_engine_is_one_line_and_exit_2(command: list[str]) -> None:
 def test_estimate_json_names_the_engine() -> None:
     result = runner.invoke(app, ["estimate", "-m", "llama-3.1-8b", "-H", "h100-sxm", "--engine", "vllm", "--json"])
     data = json.loads(result.output)
-    assert data["engine"] == "vllm" and data["step_overhead_s"] == 0.0 and data["sequence_overhead_s"] > 0
+    floor_s = resolve_engine("vllm").kernel_overhead_s.value  # per fused kernel under CUDA graphs (fold D)
+    assert data["engine"] == "vllm" and data["sequence_overhead_s"] > 0
+    assert data["step_overhead_s"] == pytest.approx(floor_s * data["kernels_per_step"])
 
 
 def test_simulate_takes_the_scheduler_from_the_profile() -> None:
@@ -635,10 +644,13 @@ def test_early_sglang_prices_decode_steps_above_its_kernel_floor() -> None:
     arch = resolve_model("deepseek-v3")
     # llama.cpp's count at the profile's fraction, plus one activation-quant launch per fp8 linear
     kernels = arch.decode_kernels * early.kernel_fraction.value + arch.decode_linears
-    one = [estimate("deepseek-v3", "h200", weights="fp8", tp=8, batch=1, prompt=128, output=256, engine=e).itl_s
-           for e in (early, late)]
-    assert one[0] - one[1] == pytest.approx(kernels * early.kernel_overhead_s.value, rel=1e-6)
-    assert 0.02 < one[0] < 0.05  # ~30 ms, as SGLang v0.4.1.post2 ran it (fold D), where the late profile prices ~2 ms
+    runs = [estimate("deepseek-v3", "h200", weights="fp8", tp=8, batch=1, prompt=128, output=256, engine=e)
+            for e in (early, late)]
+    one = [run.itl_s for run in runs]
+    assert runs[0].kernels_per_step == pytest.approx(kernels)
+    floors = kernels * early.kernel_overhead_s.value - runs[1].kernels_per_step * late.kernel_overhead_s.value
+    assert one[0] - one[1] == pytest.approx(floors, rel=1e-6)
+    assert 0.02 < one[0] < 0.05  # ~30 ms, as SGLang v0.4.1.post2 ran it (fold D), where the late profile prices ~6 ms
 
 
 def test_early_engines_launch_an_activation_quant_kernel_per_fp8_linear() -> None:
@@ -668,9 +680,12 @@ def test_early_vllm_prices_a_kernel_floor_and_a_cost_per_running_sequence() -> N
     arch = resolve_model("deepseek-r1")
     kernels = arch.decode_kernels * early.kernel_fraction.value + arch.decode_linears
     for batch in (1, 32):
-        itl = [estimate("deepseek-r1", "h200", weights="fp8", tp=8, batch=batch, prompt=3200, output=800, engine=e).itl_s
-               for e in (early, late)]
-        extra = kernels * early.kernel_overhead_s.value + batch * (early.sequence_overhead_s.value - late.sequence_overhead_s.value)
+        runs = [estimate("deepseek-r1", "h200", weights="fp8", tp=8, batch=batch, prompt=3200, output=800, engine=e)
+                for e in (early, late)]
+        itl = [run.itl_s for run in runs]
+        assert runs[0].kernels_per_step == pytest.approx(kernels)
+        extra = (kernels * early.kernel_overhead_s.value - runs[1].kernels_per_step * late.kernel_overhead_s.value
+                 + batch * (early.sequence_overhead_s.value - late.sequence_overhead_s.value))
         assert itl[0] - itl[1] == pytest.approx(extra, rel=1e-6)
     assert early.chunked_prefill.value is False and early.prefix_caching.value is False  # forced off with MLA in V0
 
