@@ -886,7 +886,7 @@ SHARED_KERNEL_FIT = {"sglang": ("vllm", "tensorrt-llm")}
 
 def _shipped_fold_d(profile: str, field: str, held: bool = False) -> float | None:
     """The catalog's value of a fold-D field: None where it is not fitted on fold D, unless ``held`` (a value the fit
-    keeps from the parent profile, whatever its basis; 0 where none is set)."""
+    keeps, `inherited_sequence_overhead_s`'s, whatever its basis; 0 where none is set)."""
     value = getattr(catalog_engine(profile), field)
     if held:
         return 0.0 if value is None else float(value.value)
