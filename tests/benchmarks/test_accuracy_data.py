@@ -509,6 +509,41 @@ def test_lines_of_one_batch_size_fit_the_per_kernel_cost_and_hold_the_parents_pe
         assert score.predict_line_s(line, kernel, sequence) == pytest.approx(line.measured_s, rel=0.05)
 
 
+def test_a_root_profiles_one_batch_lines_hold_its_own_per_sequence_cost_and_share_the_floor(score, capsys) -> None:
+    """[sglang] inherits no profile: its batch-1 lines (fold D amendment 5) fit the per-kernel floor and keep its own
+    cited per-sequence cost; [vllm] and [tensorrt-llm] ship that floor, and a sharer that drifts from it fails."""
+    late = [line for line in score.load_engine_steps() if line.profile == "sglang"]
+    assert late and {line.batch for line in late} == {1} and catalog_engine("sglang").inherits is None
+    own = catalog_engine("sglang").sequence_overhead_s.value
+    assert score.inherited_sequence_overhead_s(late) == own
+    kernel, sequence = score.fit_step_costs(late)
+    assert sequence == own and kernel > 0
+    for key in ("sglang", *score.SHARED_KERNEL_FIT["sglang"]):
+        shipped = catalog_engine(key).kernel_overhead_s
+        assert shipped.fitted == "D" and shipped.value == pytest.approx(kernel)
+    shared = score.SHARED_KERNEL_FIT
+    try:
+        score.SHARED_KERNEL_FIT = {"sglang": ("sglang-0.4",)}  # a profile with another floor
+        assert score.print_engine_step_fit() == 1
+        assert "shared per-kernel fit, shipped sglang-0.4" in capsys.readouterr().out
+    finally:
+        score.SHARED_KERNEL_FIT = shared
+
+
+def test_s4_rows_are_closed_loops_or_full_length_bursts(score) -> None:
+    """Rule S4 (SOURCES.md): a GPUStack row is a closed loop at concurrency 2-8 scored at its mean lengths, or a
+    one-shot burst whose concurrency is its request count and in which every request ran to its output length."""
+    rows = [row for row in score.load_rows() if "gpustack/gpustack/blob/1f37f1b8" in row.source]
+    assert len(rows) == 20 and all(row.fold == "B" and "rule S4" in row.notes for row in rows)
+    for row in rows:
+        if row.concurrency == row.requests:
+            assert f"= {row.requests} x {row.output_tokens}: every request ran to its length" in row.notes
+        else:
+            assert 2 <= row.concurrency <= 8 and row.requests == 100 and "APPROXIMATION" in row.notes
+        for banned in ("--async-scheduling", "--speculative", "--enable-torch-compile", "--attention-backend", "-pp "):
+            assert banned not in row.notes
+
+
 def test_fold_d_lines_run_their_platforms_build(score) -> None:
     """A fold-D line names the profile it fits, and that is the profile the estimate runs on its device: vLLM 0.7's
     CUDA lines fit [vllm-0.7], its MI300X lines [vllm-0.7-rocm] (SOURCES.md, fold D amendment 3)."""
