@@ -9,9 +9,12 @@ device kind's default (``catalog/efficiency.toml``) applies. Pure: no I/O (the c
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from speedlimit.hardware import Hardware
 
 GIB = 2**30
 # the prompt length at which a kernel_rates prefill figure is measured (llama-bench pp512)
@@ -71,11 +74,12 @@ class Sourced(BaseModel):
         """Where the value comes from, in words: its public source, or the fold it was fitted on."""
         return self.source if self.source is not None else f"fitted on fold {self.fitted}"
 
-    def at(self, memory_bytes: float | None = None, kv_tokens: float | None = None, device: str = "") -> Any:
-        """The value on a device with ``memory_bytes`` (None: unknown → the base value) named ``device`` (its catalog
-        key and name), capped by the KV rule."""
+    def at(self, memory_bytes: float | None = None, kv_tokens: float | None = None, device: Hardware | None = None) -> Any:
+        """The value on a device with ``memory_bytes`` (None: unknown → the base value), ``device`` exempt from the
+        tiers when its catalog key or name holds one of ``except_devices``, capped by the KV rule."""
         value = self.value
-        exempt = any(name.lower() in device.lower() for name in self.except_devices or ())
+        names = f"{device.key} {device.name}".lower() if device is not None else ""
+        exempt = any(name.lower() in names for name in self.except_devices or ())
         if memory_bytes is not None and math.isfinite(memory_bytes) and not exempt:
             for gib, tier_value in self.by_memory_gib or ():
                 if memory_bytes >= gib * GIB:

@@ -159,7 +159,7 @@ def test_vllm_scheduler_defaults_depend_on_device_memory() -> None:
     assert vllm.max_seqs.at(24e9) == 256 and vllm.max_batched_tokens.at(24e9) == 2048
     # vLLM keeps its small defaults on A100s whatever their memory (arg_utils.py get_batch_defaults)
     a100 = resolve_hardware("a100-sxm-80gb")
-    assert vllm.max_seqs.at(a100.memory_bytes, device=f"{a100.key} {a100.name}") == 256
+    assert vllm.max_seqs.at(a100.memory_bytes, device=a100) == 256
     sglang = catalog_engine("sglang")
     assert sglang.max_seqs.at(80e9, kv_tokens=1000) == 500
 
@@ -189,7 +189,8 @@ def test_memory_tiers_pick_the_highest_reached() -> None:
     assert [tiers.at(m * gib) for m in (5, 10, 15, 20, 500)] == [1, 2, 2, 3, 3]
     assert tiers.at(math.inf) == 1 and tiers.at(math.nan) == 1  # not a memory size: the base value
     exempt = Sourced(value=1, by_memory_gib=[[10, 2]], except_devices=["a100"], source="https://example.org/x")
-    assert exempt.at(80 * gib, device="a100-sxm-80gb NVIDIA A100") == 1 and exempt.at(80 * gib, device="h100-sxm") == 2
+    a100, h100 = resolve_hardware("a100-sxm-80gb"), resolve_hardware("h100-sxm")
+    assert exempt.at(80 * gib, device=a100) == 1 and exempt.at(80 * gib, device=h100) == 2
 
 
 @pytest.mark.parametrize("bad", [

@@ -414,8 +414,7 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
     peak_flops = step.peak_flops
     if not math.isfinite(peak_flops):
         raise SpeedlimitError(f"{base.name} has no peak FLOP/s figure: pass --hardware with one")
-    cap = 1.0 if step.engine.mode.value == "serial" else float(step.engine.max_seqs.at(base.memory_bytes,
-                                                                                      device=f"{base.key} {base.name}"))
+    cap = 1.0 if step.engine.mode.value == "serial" else float(step.engine.max_seqs.at(base.memory_bytes, device=base))
     points = deployment_points(levels, step.cost, tp, step.reach.bandwidth_Bps if step.reach else base.memory_bandwidth_Bps, peak_flops,
                                base.interconnect_Bps or math.nan, max_sequences=cap)
     prior = DeploymentParams(bw_efficiency=step.efficiency.bw_efficiency, flops_efficiency=step.efficiency.flops_efficiency,

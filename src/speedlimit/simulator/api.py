@@ -186,7 +186,7 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
         capacity = math.inf
     if profile is not None:
         memory = step.device.memory_bytes if step is not None else None
-        device = f"{step.device.key} {step.device.name}" if step is not None else ""
+        device = step.device if step is not None else None
         defaults = {"max_seqs": profile.max_seqs.at(memory, capacity, device),
                     "max_batched_tokens": profile.batched_tokens_per_replica(profile.max_batched_tokens.at(memory, device=device),
                                                                              lockstep_replicas)}
