@@ -56,19 +56,18 @@ def free_port() -> int:
 DEFAULT_THREADS = {"llama-server": 2, "llama-cpp-python": 1}
 
 
-def server_command(engine: str, gguf: Path, port: int, threads: int | None = None) -> list[str]:
-    threads = str(threads or DEFAULT_THREADS[engine])
+def server_command(engine: str, gguf: Path, port: int, threads: int) -> list[str]:
     if engine == "llama-server":
-        return [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", threads,
+        return [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
                 "--parallel", "8", "-c", "8192", "--metrics"]
     return [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-            "--n_ctx", "2048", "--n_threads", threads, "--interrupt_requests", "False"]
+            "--n_ctx", "2048", "--n_threads", str(threads), "--interrupt_requests", "False"]
 
 
 class Server:
     """A real engine on 127.0.0.1, started and stopped by this process."""
 
-    def __init__(self, engine: str, gguf: Path, timeout_s: float = 180, threads: int | None = None) -> None:
+    def __init__(self, engine: str, gguf: Path, threads: int, timeout_s: float = 180) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log = tempfile.NamedTemporaryFile(prefix=f"{engine}_", suffix=".log", delete=False)
@@ -198,7 +197,7 @@ def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], re
     gguf = default_gguf_path()
     threads = threads or DEFAULT_THREADS[engine]
     if bench:
-        with Server(engine, gguf, threads=threads) as server:
+        with Server(engine, gguf, threads) as server:
             run_bench(server.url, out, concurrencies, requests, prompt, output, seed, engine)
     model = resolve_model(str(gguf))
     points = {c: load_summary(out / f"concurrency_{c}" / "summary.json") for c in concurrencies}
