@@ -369,6 +369,44 @@ def simulator_status() -> str | None:
 
 #: Simulated rows the simulator could not run, and why (printed after the report).
 SIMULATION_FAILURES: list[str] = []
+
+
+@dataclass(frozen=True)
+class LoggedKvCapacity:
+    """A KV-cache capacity an engine printed for one configuration (rule K1, SOURCES.md): a run condition of the
+    serving rows that ran that configuration with no memory, length, chunked-prefill or block option of their own."""
+
+    profile: str  # the engine profile that prices the rows (score.py's row_engine)
+    device: str
+    model: str
+    tp: int
+    kv_tokens: int
+    block_size: int
+    source: str
+
+    def applies(self, row: Row, profile: str | None) -> bool:
+        return (profile == self.profile and row.device == self.device and row.model == self.model
+                and (row.tp or 1) == self.tp and not row.engine_args)
+
+
+LOGGED_KV_CAPACITIES = (
+    LoggedKvCapacity("vllm-0.7", "h200", "deepseek-r1", 8, kv_tokens=4739 * 64, block_size=64,
+                     source="vllm-project/vllm PR #14842 (2025-03-14): V0, DeepSeek-R1, --tensor-parallel-size 8, "
+                            "defaults, MLA rows padded to 640: '# cuda blocks: 4739', 'Maximum concurrency for 163840 "
+                            "tokens per request: 1.85x' (64-token FlashMLA blocks); GPU not named, ASSUMED H200"),
+)
+#: Rows rule K1 gave a logged capacity: {row index: the capacity's source} (printed in the report's header).
+LOGGED_KV_ROWS: dict[int, LoggedKvCapacity] = {}
+
+
+def logged_kv_capacity(row: Row, profile: str | None) -> dict[str, int]:
+    """simulate's kv_tokens and block_size for a row whose configuration's capacity an engine logged (rule K1),
+    else nothing."""
+    for logged in LOGGED_KV_CAPACITIES:
+        if logged.applies(row, profile):
+            LOGGED_KV_ROWS[row.index] = logged
+            return {"kv_tokens": logged.kv_tokens, "block_size": logged.block_size}
+    return {}
 #: Requests per simulated serving row whose source does not state how many it sent: this many rounds of the row's
 #: concurrency (closed loop, bench's workload). A row that states it (`requests`) is simulated with that many.
 SIMULATED_ROUNDS = 4
@@ -384,7 +422,7 @@ def predict_serving_simulated(row: Row, *, engine: str | None = None) -> dict[st
 
     concurrency = int(row.concurrency or 1)
     try:
-        settings = simulate_args(row.engine_args) if engine is not None else {}
+        settings = {**simulate_args(row.engine_args), **logged_kv_capacity(row, engine)} if engine is not None else {}
         parallel = layout(row.tp, row.engine_args if engine is not None else ())
         run = simulate(row_model(row), row_hardware(row), weights=row_weights(row), engine=engine, **parallel, **settings,
                        concurrency=concurrency, requests=row.requests or SIMULATED_ROUNDS * concurrency,
@@ -1102,6 +1140,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"closed loop, the requests the source sent or else {SIMULATED_ROUNDS} x concurrency, the engine's scheduler).")
     for failure in SIMULATION_FAILURES:
         print(f"  not simulated: {failure}")
+    for logged in LOGGED_KV_CAPACITIES:
+        rows_set = sorted(index for index, used in LOGGED_KV_ROWS.items() if used is logged)
+        print(f"  rule K1: rows {', '.join(map(str, rows_set)) or 'none'} simulated (simulate+profiles) with the KV cache "
+              f"{logged.profile} logged for {logged.model} at TP {logged.tp} on {logged.device}: {logged.kv_tokens:,} tokens "
+              f"in blocks of {logged.block_size} ({logged.source})")
     print()
 
     print(f"Single-stream decode, {len(rows)} rows (E2E-derived rows excluded), with the earlier fixed-overhead design for comparison:")
