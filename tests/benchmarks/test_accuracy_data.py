@@ -582,6 +582,26 @@ def test_rows_naming_vllm_0_7_are_priced_with_its_profile_in_profiles_mode(score
     assert {dict(row.engine_args).get("max_batched_tokens") for row in early if row.device == "mi300x"} == {32768}
 
 
+def test_rule_k1_gives_the_logged_kv_capacity_to_exactly_the_rows_that_ran_its_configuration(score) -> None:
+    """Rule K1 (SOURCES.md): vLLM's own log of DeepSeek-R1 at TP 8 (PR #14842: 4,739 blocks, 1.85x of 163,840
+    tokens) is a run condition of dstack's H200 vLLM 0.7 rows, which set no memory option; no other row gets it."""
+    (logged,) = score.LOGGED_KV_CAPACITIES
+    assert logged.kv_tokens == 4739 * logged.block_size
+    # the log's own arithmetic fixes the block: 1.85x of 163,840 tokens in 4,739 blocks
+    assert round(1.85 * 163840 / 4739) == logged.block_size == 64
+    given = {row.index: score.logged_kv_capacity(row, score.row_engine(row)) for row in score.load_rows()}
+    chosen = {index for index, settings in given.items() if settings}
+    rows = {row.index: row for row in score.load_rows()}
+    assert chosen == {index for index, row in rows.items() if row.engine == "vllm" and row.device == "h200"
+                      and "vLLM nightly 0.7.4.dev181" in row.notes}
+    assert len(chosen) == 9
+    assert all(given[index] == {"kv_tokens": 303_296, "block_size": 64} for index in chosen)
+    # a row that sets its own options, or runs another build, is not given it
+    row = rows[min(chosen)]
+    assert score.logged_kv_capacity(dataclasses.replace(row, engine_args=(("max_seqs", 64),)), "vllm-0.7") == {}
+    assert score.logged_kv_capacity(row, "vllm") == {}
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the fold-A fits have no rows in this two-row file
 def test_per_row_table_gives_each_targets_mode_and_its_signed_error(score, capsys, tmp_path):
     """Without --quiet, every row prints the prediction of the mode its target is judged in (decode and prefill:
