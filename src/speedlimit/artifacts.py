@@ -319,6 +319,8 @@ class ServerMetrics(BaseModel):
     waiting: ServerGauge | None = None  # requests queued (llama.cpp: deferred)
     kv_cache_usage: ServerGauge | None = None  # fraction 0..1 of the KV cache in use
     prefix_cache_hit_rate: float | None = None  # vLLM: blocks hit/queried; SGLang, llama.cpp: cached prompt tokens
+    kv_capacity_tokens: float | None = None  # the KV cache the server allocated (vLLM: blocks x block size; SGLang)
+    kv_block_size: int | None = None  # vLLM: tokens per KV block
     counters: dict[str, float] = Field(default_factory=dict)  # over the run: prompt_tokens, generation_tokens, ...
     histograms: dict[str, ServerHistogram] = Field(default_factory=dict)  # ttft_s, tpot_s, itl_s, e2e_s, queue_s...
 

@@ -344,3 +344,58 @@ def test_a_scrape_failing_mid_run_keeps_what_came_before(tmp_path):
     assert scraper.summary().scrapes == 2
     lines = (tmp_path / "server_metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and all(json.loads(line)["samples"] for line in lines)
+
+
+# vLLM's cache info gauge (docs/design/metrics.md: "vllm:cache_config_info", "Information of the LLMEngine CacheConfig"):
+# value 1, the configuration in its labels; one line per engine under data parallelism.
+VLLM_CACHE_INFO = """\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="%s"} 1.0
+"""
+
+
+def test_vllm_cache_info_gives_the_kv_capacity_it_allocated():
+    text = VLLM_BEFORE + VLLM_CACHE_INFO % "38263"
+    samples = parse_metrics(text)
+    assert "vllm:cache_config_info" not in samples  # the info gauge's value (1) says nothing; its labels do
+    block = summarize_server(scrapes(text, text), url="u", interval_s=1)
+    assert block.kv_capacity_tokens == 38263 * 16 and block.kv_block_size == 16
+    # two engines (data parallel): their caches add up, the block size does not
+    two = VLLM_BEFORE + VLLM_CACHE_INFO % "100" + (VLLM_CACHE_INFO % "300").split("\n", 2)[2].replace('engine="0"', 'engine="1"')
+    block = summarize_server(scrapes(two, two), url="u", interval_s=1)
+    assert block.kv_capacity_tokens == 400 * 16 and block.kv_block_size == 16
+
+
+@pytest.mark.parametrize("blocks", ["", "-5", "0", "1e3", "abc", "9" * 20, "<script>"])
+def test_a_cache_info_label_that_is_no_whole_number_gives_no_capacity(blocks):
+    text = VLLM_BEFORE + VLLM_CACHE_INFO % blocks
+    block = summarize_server(scrapes(text, text), url="u", interval_s=1)
+    assert block.kv_capacity_tokens is None and block.kv_block_size is None
+
+
+def test_sglang_token_pool_is_its_kv_capacity_and_others_have_none():
+    pool = ('# HELP sglang:max_total_num_tokens Maximum total number of tokens\n# TYPE sglang:max_total_num_tokens gauge\n'
+            'sglang:max_total_num_tokens{name="google/gemma-2-9b-it"} 161721.0\n')
+    first = fill(SGLANG, prompt=100, gen=10, cached=0, tsum=1.0, b1=4, b2=10) + pool
+    last = fill(SGLANG, prompt=1100, gen=510, cached=250, tsum=3.0, b1=14, b2=30) + pool
+    block = summarize_server(scrapes(first, last), url="u", interval_s=1)
+    assert block.kv_capacity_tokens == 161721 and block.kv_block_size is None
+    without = summarize_server(scrapes(fill(SGLANG, prompt=100, gen=10, cached=0, tsum=1.0, b1=4, b2=10),
+                                       fill(SGLANG, prompt=1100, gen=510, cached=250, tsum=3.0, b1=14, b2=30)),
+                               url="u", interval_s=1)
+    assert without.kv_capacity_tokens is None
+    vllm = summarize_server(scrapes(VLLM_BEFORE, vllm_after()), url="u", interval_s=1)
+    assert vllm.kv_capacity_tokens is None  # no cache info exported: none, not a guess
+
+
+def test_the_summary_shows_the_kv_capacity_the_server_reported():
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.describe import server_lines
+
+    rows = dict(server_lines(ServerMetrics(engine="vllm", url="u", scrapes=2, kv_capacity_tokens=303296.0,
+                                           kv_block_size=64)))
+    assert rows["  KV capacity"] == "303,296 tokens (4,739 blocks of 64)"
+    pool = dict(server_lines(ServerMetrics(engine="sglang", url="u", scrapes=2, kv_capacity_tokens=161721.0)))
+    assert pool["  KV capacity"] == "161,721 tokens"
+    assert "  KV capacity" not in dict(server_lines(ServerMetrics(engine="vllm", url="u", scrapes=2)))

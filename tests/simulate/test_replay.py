@@ -71,3 +71,31 @@ def test_replay_block_still_feeds_calibrate():
     summary = run.summary.model_copy(update={"estimate": block})
     points, hardware = points_from_bench(summary, "run")
     assert hardware == "l40s" and len(points) == 1 and points[0].measured_s == pytest.approx(run.summary.tpot_s.mean)
+
+
+def test_the_replay_takes_the_kv_cache_the_server_reported_unless_the_spec_sets_one():
+    """A capacity the server's /metrics reported (vLLM's cache_config_info) is a fact of the run: the replay's engine
+    gets it, so a run that queued for KV is replayed queueing, as rule K1 scores the published rows."""
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import with_server_kv_capacity
+
+    run = simulate("llama-3.1-8b", "l40s", concurrency=8, requests=40, prompt_tokens="uniform:200:900", output_tokens=64,
+                   seed=3, engine="continuous", max_seqs=8, max_batched_tokens=1024, kv_tokens=2048, block_size=32)
+    assert run.raw.preemptions and max(run.raw.preemptions) > 0  # the small cache made it preempt
+    server = ServerMetrics(engine="vllm", kv_capacity_tokens=2048.0, kv_block_size=32)
+    measured = run.summary.model_copy(update={"server": server})
+    spec = "continuous,max_seqs=8,max_batched_tokens=1024"
+    block = replay_for(measured, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b",
+                       engine=spec)
+    assert block.inputs["kv_tokens_from_server"] == 2048
+    for label, row in block.comparison.items():
+        assert row.ratio == pytest.approx(1.0, rel=1e-6), label
+    # without the server's figure the replay sizes the cache from memory and no longer queues the same way
+    blind = replay_for(run.summary, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b",
+                       engine=spec)
+    assert "kv_tokens_from_server" not in blind.inputs
+    assert blind.comparison["ttft_s.mean"].ratio != pytest.approx(1.0, rel=1e-3)
+    # the user's own kv_tokens wins; no figure, no change
+    assert with_server_kv_capacity(spec + ",kv_tokens=999", server) == (spec + ",kv_tokens=999", None)
+    assert with_server_kv_capacity(spec, None) == (spec, None)
+    assert with_server_kv_capacity(None, server) == ("continuous,kv_tokens=2048,block_size=32", 2048.0)

@@ -2,7 +2,8 @@
 measured/predicted ratios (> 1 means slower than predicted for latencies, faster for throughputs).
 
 `replay_for` (what bench uses): the serving simulator runs exactly the workload bench sent (each request's prompt and
-output tokens; the concurrency, or the measured send times) and every metric and percentile is compared.
+output tokens; the concurrency, or the measured send times) and every metric and percentile is compared. Where the
+server's /metrics said how large a KV cache it allocated (vLLM, SGLang), the simulated engine gets that cache.
 
 `estimate_for` (the static estimate, kept for the API): the workload maps onto `estimate()` as: batch = the concurrency (closed loop) or the measured mean number of requests
 in flight (open loop, Little's law), prompt = mean prompt tokens, output = mean output tokens.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from speedlimit.artifacts import Comparison, PredictionBlock, RunSummary
+from speedlimit.artifacts import Comparison, PredictionBlock, RunSummary, ServerMetrics
 from speedlimit.errors import SpeedlimitError
 
 #: (label, the measured figure of a run summary, the predicted `Estimate` field)
@@ -80,6 +81,7 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     architecture = _architecture(served_model, estimate_model)
     # the shared prefixes it sent (bench's endpoint block; a simulated run's engine block)
     sent = ((summary.endpoint or {}).get("workload") or (summary.engine or {}).get("workload") or {})
+    engine, server_kv = with_server_kv_capacity(engine, summary.server)
     simulated = replay(records, summary.offered_load, architecture, hardware, engine, summary.slo,
                        prefix_tokens=int(sent.get("prefix_tokens") or 0),
                        prefix_groups=int(sent.get("prefix_groups") or 1)).summary
@@ -98,6 +100,8 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     if simulated.completed:
         inputs["prompt"] = simulated.prompt_tokens / simulated.completed
         inputs["output"] = simulated.output_tokens / simulated.completed
+    if server_kv is not None:
+        inputs["kv_tokens_from_server"] = server_kv
     from speedlimit.estimator import estimate
 
     # the static estimate's fields stay in the block (calibrate fits decode points from them)
@@ -107,6 +111,20 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
                                                      "simulation": {k: v for k, v in (simulated.simulation or {}).items()
                                                                     if k != "timeline"}},
                            comparison=rows)
+
+
+def with_server_kv_capacity(engine: str | None, server: ServerMetrics | None) -> tuple[str | None, float | None]:
+    """The replay's engine spec given the KV cache the server said it allocated (its /metrics), unless the spec sets
+    its own: a capacity the engine reported is a fact of the run, as its slot count is. Returns (spec, the capacity
+    taken or None)."""
+    from speedlimit.simulator import parse_engine_spec
+
+    if server is None or server.kv_capacity_tokens is None or "kv_tokens" in parse_engine_spec(engine):
+        return engine, None
+    spec = f"{engine or 'continuous'},kv_tokens={int(server.kv_capacity_tokens)}"
+    if server.kv_block_size and "block_size" not in parse_engine_spec(engine):
+        spec += f",block_size={server.kv_block_size}"
+    return spec, float(int(server.kv_capacity_tokens))
 
 
 def _architecture(served_model: str | None, estimate_model: str | None):

@@ -62,6 +62,10 @@ def server_lines(server: ServerMetrics) -> list[tuple[str, str]]:
             rows.append((f"  {label}", f"mean {gauge.mean * scale:.3g}{unit}, max {gauge.max * scale:.3g}{unit}"))
     if server.prefix_cache_hit_rate is not None:
         rows.append(("  prefix-cache hits", f"{server.prefix_cache_hit_rate:.1%}"))
+    if server.kv_capacity_tokens is not None:
+        blocks = f" ({server.kv_capacity_tokens / server.kv_block_size:,.0f} blocks of {server.kv_block_size})" \
+            if server.kv_block_size else ""
+        rows.append(("  KV capacity", f"{server.kv_capacity_tokens:,.0f} tokens{blocks}"))
     if server.counters:
         rows.append(("  counters", ", ".join(f"{k} {v:,.6g}" for k, v in server.counters.items())))
     for name, h in server.histograms.items():

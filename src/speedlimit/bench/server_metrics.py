@@ -17,9 +17,11 @@ text, an endpoint that hangs or fails mid-run leaves one warning line. None of t
 Metric names (checked against each project's docs and source, Dec 2026):
 - vLLM: docs.vllm.ai "Production Metrics" and docs/design/metrics.md (V1: ``kv_cache_usage_perc``,
   ``prefix_cache_queries/hits``, ``inter_token_latency_seconds``; V0: ``gpu_cache_usage_perc``,
-  ``time_per_output_token_seconds``).
+  ``time_per_output_token_seconds``; both: ``cache_config_info``, "Information of the LLMEngine CacheConfig", whose
+  labels ``num_gpu_blocks`` and ``block_size`` give the KV cache the engine allocated).
 - SGLang: docs.sglang.io "Production Metrics" (``num_running_reqs``, ``num_queue_reqs``, ``token_usage``,
-  ``cache_hit_rate``, ``cached_tokens_total``, ``queue_time_seconds``).
+  ``cache_hit_rate``, ``cached_tokens_total``, ``queue_time_seconds``; builds that export it:
+  ``max_total_num_tokens``, "Maximum total number of tokens", the KV pool).
 - TGI: huggingface.co/docs/text-generation-inference/reference/metrics (``tgi_queue_size``, ``tgi_batch_current_size``,
   ``tgi_request_*`` histograms).
 - llama.cpp: tools/server/server-task.cpp ``to_metrics`` (``requests_processing``, ``requests_deferred``,
@@ -62,9 +64,17 @@ GAUGES: dict[str, dict[str, tuple[str, ...]]] = {
     "llamacpp": {"running": ("llamacpp:requests_processing",), "waiting": ("llamacpp:requests_deferred",),
                  "kv_cache_usage": ("llamacpp:kv_cache_usage_ratio",)},
 }
+#: vLLM's info gauge whose labels say how large a KV cache the engine allocated, and the samples made of them: the
+#: blocks (summed over engines, as the other gauges are) and the tokens a block holds (averaged).
+CACHE_INFO = "vllm:cache_config_info"
+CACHE_BLOCKS = CACHE_INFO + '{num_gpu_blocks}'
+CACHE_BLOCK_SIZE = CACHE_INFO + '{block_size}'
+#: The KV cache's capacity in tokens, per engine: vLLM's blocks x block size, SGLang's token pool.
+KV_CAPACITY = {"vllm": (CACHE_BLOCKS, CACHE_BLOCK_SIZE), "sglang": ("sglang:max_total_num_tokens", None)}
 #: Gauges that are a fraction per engine instance: averaged over label sets, not summed.
 FRACTION_GAUGES = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
-                   "sglang:cache_hit_rate", "llamacpp:kv_cache_usage_ratio", "vllm:gpu_prefix_cache_hit_rate"}
+                   "sglang:cache_hit_rate", "llamacpp:kv_cache_usage_ratio", "vllm:gpu_prefix_cache_hit_rate",
+                   CACHE_BLOCK_SIZE}
 
 COUNTERS: dict[str, dict[str, tuple[str, ...]]] = {
     "vllm": {"prompt_tokens": ("vllm:prompt_tokens_total",), "generation_tokens": ("vllm:generation_tokens_total",),
@@ -118,6 +128,20 @@ def _label_key(name: str, labels: dict[str, str]) -> str:
     return f'{name}{{le="{labels["le"]}"}}' if "le" in labels and name.endswith("_bucket") else name
 
 
+def _whole_label(labels: dict[str, str], key: str) -> float | None:
+    """A label that holds a positive whole number (vLLM's cache_config_info: num_gpu_blocks, block_size), else None."""
+    text = labels.get(key, "")
+    return float(text) if text.isdigit() and 0 < int(text) < 10**15 else None
+
+
+def _samples_of(name: str, labels: dict[str, str], value: float) -> list[tuple[str, float]]:
+    """The (key, value) pairs one sample adds: itself, or for vLLM's cache info gauge the sizes its labels give."""
+    if name != CACHE_INFO:
+        return [(_label_key(name, labels), value)]
+    blocks, size = _whole_label(labels, "num_gpu_blocks"), _whole_label(labels, "block_size")
+    return [(CACHE_BLOCKS, blocks), (CACHE_BLOCK_SIZE, size)] if blocks and size else []
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {sample name: value}, samples of the engines' families only, summed over label sets
     (fractions averaged); histogram buckets keep their bound as ``name{le="0.5"}``. Raises `NotPrometheus` on text
@@ -133,11 +157,11 @@ def parse_metrics(text: str) -> dict[str, float]:
                 any_sample = True
                 if not sample.name.startswith(tuple(ENGINE_PREFIXES)) or "quantile" in sample.labels:
                     continue  # other families; summaries' quantiles cannot be added up over label sets
-                key = _label_key(sample.name, sample.labels)
-                if key not in sums and len(sums) >= MAX_SAMPLES:
-                    continue
-                sums[key] = sums.get(key, 0.0) + float(sample.value)
-                counts[key] = counts.get(key, 0) + 1
+                for key, value in _samples_of(sample.name, sample.labels, float(sample.value)):
+                    if key not in sums and len(sums) >= MAX_SAMPLES:
+                        continue
+                    sums[key] = sums.get(key, 0.0) + value
+                    counts[key] = counts.get(key, 0) + 1
     except (ValueError, TypeError, IndexError, KeyError) as error:
         raise NotPrometheus(str(error)[:120] or type(error).__name__) from None
     if not any_sample:
@@ -264,7 +288,22 @@ def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, fail
         block.prefix_cache_hit_rate = counters["cached_prompt_tokens"] / counters["prompt_tokens"]
     elif engine == "sglang" and "sglang:cache_hit_rate" in after:
         block.prefix_cache_hit_rate = after["sglang:cache_hit_rate"]
+    block.kv_capacity_tokens, block.kv_block_size = kv_capacity(engine, after)
     return block
+
+
+def kv_capacity(engine: str, samples: dict[str, float]) -> tuple[float | None, int | None]:
+    """(tokens, tokens per block) of the KV cache the server says it allocated, or None where it does not say."""
+    names = KV_CAPACITY.get(engine)
+    if names is None or not math.isfinite(samples.get(names[0], math.nan)) or samples[names[0]] <= 0:
+        return None, None
+    count = samples[names[0]]
+    if names[1] is None:  # a token pool
+        return count, None
+    size = samples.get(names[1], math.nan)
+    if not (math.isfinite(size) and size >= 1):
+        return None, None
+    return count * size, int(round(size))
 
 
 # --- scraping ------------------------------------------------------------------------------------------------------
