@@ -101,7 +101,8 @@ def bench_command(
     replay_engine: str = typer.Option("continuous", help="Engine the replay simulates: continuous or serial, then "
                                                          "key=value (max_seqs, max_batched_tokens, kv_tokens, "
                                                          "chunked_prefill, prefix_caching, step_overhead, "
-                                                         "sequence_overhead)."),
+                                                         "sequence_overhead); without kv_tokens, the KV cache the "
+                                                         "server's /metrics reported, if it did."),
     estimate_model: Optional[str] = typer.Option(None, help="Catalog name or config.json/.gguf path for the "
                                                             "estimate (default: the served model name)."),
     workers: Optional[int] = typer.Option(None, help="Processes sending the load (default 1): concurrency slots or "
