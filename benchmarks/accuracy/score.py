@@ -395,7 +395,7 @@ LOGGED_KV_CAPACITIES = (
                             "defaults, MLA rows padded to 640: '# cuda blocks: 4739', 'Maximum concurrency for 163840 "
                             "tokens per request: 1.85x' (64-token FlashMLA blocks); GPU not named, ASSUMED H200"),
 )
-#: Rows rule K1 gave a logged capacity: {row index: the capacity's source} (printed in the report's header).
+#: Rows rule K1 gave a logged capacity: {row index: that capacity} (printed in the report's header).
 LOGGED_KV_ROWS: dict[int, LoggedKvCapacity] = {}
 
 
@@ -407,6 +407,8 @@ def logged_kv_capacity(row: Row, profile: str | None) -> dict[str, int]:
             LOGGED_KV_ROWS[row.index] = logged
             return {"kv_tokens": logged.kv_tokens, "block_size": logged.block_size}
     return {}
+
+
 #: Requests per simulated serving row whose source does not state how many it sent: this many rounds of the row's
 #: concurrency (closed loop, bench's workload). A row that states it (`requests`) is simulated with that many.
 SIMULATED_ROUNDS = 4

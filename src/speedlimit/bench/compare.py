@@ -119,10 +119,11 @@ def with_server_kv_capacity(engine: str | None, server: ServerMetrics | None) ->
     taken or None)."""
     from speedlimit.simulator import parse_engine_spec
 
-    if server is None or server.kv_capacity_tokens is None or "kv_tokens" in parse_engine_spec(engine):
+    given = parse_engine_spec(engine)
+    if server is None or server.kv_capacity_tokens is None or "kv_tokens" in given:
         return engine, None
     spec = f"{engine or 'continuous'},kv_tokens={int(server.kv_capacity_tokens)}"
-    if server.kv_block_size and "block_size" not in parse_engine_spec(engine):
+    if server.kv_block_size and "block_size" not in given:
         spec += f",block_size={server.kv_block_size}"
     return spec, float(int(server.kv_capacity_tokens))
 
