@@ -9,6 +9,8 @@ import math
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from speedlimit.bench.server_metrics import (MetricsScraper, NotPrometheus, Scrape, detect_engine, histogram_quantile,
                                              load_series, parse_metrics, summarize_server)
@@ -367,7 +369,7 @@ def test_vllm_cache_info_gives_the_kv_capacity_it_allocated():
     assert block.kv_capacity_tokens == 400 * 16 and block.kv_block_size == 16
 
 
-@pytest.mark.parametrize("blocks", ["", "-5", "0", "1e3", "abc", "9" * 20, "<script>"])
+@pytest.mark.parametrize("blocks", ["", "-5", "0", "1e3", "abc", "9" * 20, "<script>", "²", "٣"])
 def test_a_cache_info_label_that_is_no_whole_number_gives_no_capacity(blocks):
     text = VLLM_BEFORE + VLLM_CACHE_INFO % blocks
     block = summarize_server(scrapes(text, text), url="u", interval_s=1)
@@ -399,3 +401,17 @@ def test_the_summary_shows_the_kv_capacity_the_server_reported():
     pool = dict(server_lines(ServerMetrics(engine="sglang", url="u", scrapes=2, kv_capacity_tokens=161721.0)))
     assert pool["  KV capacity"] == "161,721 tokens"
     assert "  KV capacity" not in dict(server_lines(ServerMetrics(engine="vllm", url="u", scrapes=2)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(blocks=st.text(max_size=12), size=st.text(max_size=6))
+def test_any_cache_info_labels_give_a_whole_positive_capacity_or_none(blocks, size):
+    """The labels come from the server: whatever they hold, parsing neither raises nor invents a capacity."""
+    escape = lambda text: text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa: E731
+    text = VLLM_BEFORE + (f'vllm:cache_config_info{{block_size="{escape(size)}",num_gpu_blocks="{escape(blocks)}"}} 1.0\n')
+    block = summarize_server(scrapes(text, text), url="u", interval_s=1)
+    whole = lambda text: text.isascii() and text.isdigit() and 0 < int(text) < 10**15  # noqa: E731
+    if whole(blocks) and whole(size):
+        assert block.kv_capacity_tokens == int(blocks) * int(size) and block.kv_block_size == int(size)
+    else:
+        assert block.kv_capacity_tokens is None and block.kv_block_size is None

@@ -11,6 +11,7 @@ in flight (open loop, Little's law), prompt = mean prompt tokens, output = mean 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from speedlimit.artifacts import Comparison, PredictionBlock, RunSummary, ServerMetrics
@@ -120,7 +121,8 @@ def with_server_kv_capacity(engine: str | None, server: ServerMetrics | None) ->
     from speedlimit.simulator import parse_engine_spec
 
     given = parse_engine_spec(engine)
-    if server is None or server.kv_capacity_tokens is None or "kv_tokens" in given:
+    tokens = server.kv_capacity_tokens if server is not None else None
+    if tokens is None or not math.isfinite(tokens) or tokens < 1 or "kv_tokens" in given:
         return engine, None
     spec = f"{engine or 'continuous'},kv_tokens={int(server.kv_capacity_tokens)}"
     if server.kv_block_size and "block_size" not in given:

@@ -131,7 +131,7 @@ def _label_key(name: str, labels: dict[str, str]) -> str:
 def _whole_label(labels: dict[str, str], key: str) -> float | None:
     """A label that holds a positive whole number (vLLM's cache_config_info: num_gpu_blocks, block_size), else None."""
     text = labels.get(key, "")
-    return float(text) if text.isdigit() and 0 < int(text) < 10**15 else None
+    return float(text) if text.isascii() and text.isdigit() and 0 < int(text) < 10**15 else None
 
 
 def _samples_of(name: str, labels: dict[str, str], value: float) -> list[tuple[str, float]]:
