@@ -73,7 +73,7 @@ def test_tensor_parallel_splits_work_and_adds_communication():
     four = machine_for(device, default_efficiency(device), "bf16", 4, ideal=False)
     assert float(core.allreduce_seconds(cost, one, 8)) == 0.0
     comm = float(core.allreduce_seconds(cost, four, 8))
-    assert comm > 2 * arch.n_layers * core.ALLREDUCE_LATENCY_S
+    assert comm > 2 * arch.n_layers * core.allreduce_latency_s(4)
     t1 = float(core.decode_step_seconds(cost, one, 8, 1000))
     t4 = float(core.decode_step_seconds(cost, four, 8, 1000))
     assert t4 < t1 / 2  # memory time quarters, communication is small next to it
@@ -89,3 +89,15 @@ def test_a_prefill_pays_the_lm_head_once_per_sequence_not_per_prompt_token():
         3 * prompt * (cost.matmul_flops_per_token - head) + 3 * head)
     # a decode step still computes logits for every sequence: 2 FLOPs per matmul parameter per token
     assert core.step_matmul_flops(cost, core.decode_batch(cost, 5, 100)) == pytest.approx(5 * cost.matmul_flops_per_token)
+
+
+def test_a_small_all_reduce_costs_what_the_cited_table_says_by_group_size():
+    """SGLang PR #2904's H100 custom all-reduce at 512 bytes: 3.7 / 4.8 / 5.9 us at TP 2 / 4 / 8 (SOURCES.md)."""
+    assert core.allreduce_latency_s(1) == 0.0
+    assert [core.allreduce_latency_s(tp) for tp in (2, 4, 8)] == pytest.approx([3.7e-6, 4.8e-6, 5.9e-6])
+    assert core.allreduce_latency_s(16) == pytest.approx(5.9e-6)  # above the table: its largest group's
+    assert 3.7e-6 < core.allreduce_latency_s(3) < 4.8e-6
+    vector = core.allreduce_latency_s(np.array([1.0, 2.0, 6.0, 8.0]))
+    assert vector[0] == 0.0 and vector[1] == pytest.approx(3.7e-6) and vector[3] == pytest.approx(5.9e-6)
+    assert vector[2] == pytest.approx(core.allreduce_latency_s(6))
+    assert core.SEND_LATENCY_S == pytest.approx(3.7e-6)

@@ -65,16 +65,18 @@ from speedlimit.hardware import NUMA_POLICIES
 # Fraction of device memory a serving engine may fill with weights + KV cache; the rest is the
 # runtime, activations and fragmentation (vLLM's default gpu_memory_utilization is 0.9).
 USABLE_MEMORY_FRACTION = 0.90
-# Latency of one small all-reduce between GPUs (NCCL ring on NVLink is single-digit microseconds
-# for decode-sized messages); bandwidth term is added on top.
-ALLREDUCE_LATENCY_S = 5e-6
+# Fixed cost of one small all-reduce by tensor-parallel size (the bytes' ring time over the link is added on top):
+# sgl-project/sglang PR #2904 (H100, the custom all-reduce kernel, without CUDA graphs), 512-byte messages at TP 2 /
+# 4 / 8: 0.0037 / 0.0048 / 0.0059 ms; interpolated in log2(tp) between them, TP 8's above (ASSUMED). Rule:
+# benchmarks/accuracy/SOURCES.md, "Cited constant: a small all-reduce's latency by tensor-parallel size".
+ALLREDUCE_LATENCY_BY_TP = ((2, 3.7e-6), (4, 4.8e-6), (8, 5.9e-6))
 # Bytes of activation traffic per token per layer, in units of hidden_size elements at 16 bits:
 # residual read/write, norms, q/k/v/o and MLP inputs/outputs (~10 hidden-sized vectors).
 ACTIVATION_VECTORS_PER_LAYER = 10
 ACTIVATION_BYTES = 2
 # Latency of one small point-to-point send or all-to-all between devices (a pipeline stage's activations, an MoE
-# dispatch): not measured apart here, so the all-reduce's figure above stands for every small collective.
-SEND_LATENCY_S = ALLREDUCE_LATENCY_S
+# dispatch): a 2-GPU all-reduce's, one exchange between two devices (ASSUMED; same rule).
+SEND_LATENCY_S = ALLREDUCE_LATENCY_BY_TP[0][1]
 
 
 class CostModel(NamedTuple):
@@ -401,6 +403,17 @@ def prefill_flops(cost: CostModel, batch, prompt):
 # time
 
 
+def allreduce_latency_s(tp):
+    """The fixed cost of one small all-reduce over ``tp`` devices (`ALLREDUCE_LATENCY_BY_TP`; 0 for one device)."""
+    sizes, latencies = zip(*ALLREDUCE_LATENCY_BY_TP)
+    if _scalar(tp):
+        if tp <= 1:
+            return 0.0
+        return float(np.interp(math.log2(tp), np.log2(sizes), latencies))
+    tp = np.asarray(tp, dtype=float)
+    return np.where(tp > 1, np.interp(np.log2(np.maximum(tp, 1.0)), np.log2(sizes), latencies), 0.0)
+
+
 def allreduce_seconds(cost: CostModel, machine: Machine, tokens):
     """Tensor-parallel communication per step: ring all-reduces of the activations, 2 per layer (under expert
     parallelism an MoE layer's second one is its all-to-alls instead, `alltoall_seconds`)."""
@@ -412,11 +425,11 @@ def allreduce_seconds(cost: CostModel, machine: Machine, tokens):
         if _scalar(machine.link_Bps) and _scalar(tokens):
             link = machine.link_Bps if math.isfinite(machine.link_Bps) else math.inf
             ring = 2.0 * (tp - 1.0) / tp * tokens * cost.allreduce_bytes_per_token
-            return count * (ring / link + ALLREDUCE_LATENCY_S)
+            return count * (ring / link + allreduce_latency_s(tp))
     tp = np.asarray(machine.tp, dtype=float)
     ring = 2.0 * (tp - 1.0) / np.maximum(tp, 1.0) * tokens * cost.allreduce_bytes_per_token
     link = np.where(np.isfinite(machine.link_Bps), machine.link_Bps, np.inf)
-    per_allreduce = ring / link + ALLREDUCE_LATENCY_S
+    per_allreduce = ring / link + allreduce_latency_s(tp)
     return np.where(tp > 1, count * per_allreduce, 0.0)
 
 
