@@ -55,6 +55,7 @@ With pp = dp = ep = 1 every term above is exactly the tensor-parallel step.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -403,15 +404,21 @@ def prefill_flops(cost: CostModel, batch, prompt):
 # time
 
 
+_LOG2_TP, _TP_LATENCY_S = (np.log2([size for size, _ in ALLREDUCE_LATENCY_BY_TP]),
+                           np.array([latency for _, latency in ALLREDUCE_LATENCY_BY_TP]))
+
+
+@functools.lru_cache(maxsize=64)
+def _allreduce_latency_scalar_s(tp: float) -> float:
+    return float(np.interp(math.log2(tp), _LOG2_TP, _TP_LATENCY_S)) if tp > 1 else 0.0
+
+
 def allreduce_latency_s(tp):
     """The fixed cost of one small all-reduce over ``tp`` devices (`ALLREDUCE_LATENCY_BY_TP`; 0 for one device)."""
-    sizes, latencies = zip(*ALLREDUCE_LATENCY_BY_TP)
     if _scalar(tp):
-        if tp <= 1:
-            return 0.0
-        return float(np.interp(math.log2(tp), np.log2(sizes), latencies))
+        return _allreduce_latency_scalar_s(float(tp))  # the simulator asks once a step with the same tp
     tp = np.asarray(tp, dtype=float)
-    return np.where(tp > 1, np.interp(np.log2(np.maximum(tp, 1.0)), np.log2(sizes), latencies), 0.0)
+    return np.where(tp > 1, np.interp(np.log2(np.maximum(tp, 1.0)), _LOG2_TP, _TP_LATENCY_S), 0.0)
 
 
 def allreduce_seconds(cost: CostModel, machine: Machine, tokens):
