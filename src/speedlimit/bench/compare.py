@@ -124,10 +124,11 @@ def with_server_kv_capacity(engine: str | None, server: ServerMetrics | None) ->
     tokens = server.kv_capacity_tokens if server is not None else None
     if tokens is None or not math.isfinite(tokens) or tokens < 1 or "kv_tokens" in given:
         return engine, None
-    spec = f"{engine or 'continuous'},kv_tokens={int(server.kv_capacity_tokens)}"
+    tokens = int(tokens)
+    spec = f"{engine or 'continuous'},kv_tokens={tokens}"
     if server.kv_block_size and "block_size" not in given:
         spec += f",block_size={server.kv_block_size}"
-    return spec, float(int(server.kv_capacity_tokens))
+    return spec, float(tokens)
 
 
 def _architecture(served_model: str | None, estimate_model: str | None):
