@@ -321,6 +321,8 @@ class ServerMetrics(BaseModel):
     prefix_cache_hit_rate: float | None = None  # vLLM: blocks hit/queried; SGLang, llama.cpp: cached prompt tokens
     kv_capacity_tokens: float | None = None  # the KV cache the server allocated (vLLM: blocks x block size; SGLang)
     kv_block_size: int | None = None  # vLLM: tokens per KV block
+    slots: int | None = None  # llama-server: the sequences it runs at once (its /props total_slots, --parallel)
+    slot_context_tokens: int | None = None  # llama-server: the context one slot holds (/props n_ctx)
     counters: dict[str, float] = Field(default_factory=dict)  # over the run: prompt_tokens, generation_tokens, ...
     histograms: dict[str, ServerHistogram] = Field(default_factory=dict)  # ttft_s, tpot_s, itl_s, e2e_s, queue_s...
 

@@ -35,6 +35,8 @@ def test_bench_scrapes_llama_server_metrics_into_series_and_server_block(llama_c
     assert server.engine == "llamacpp" and server.scrapes == len(rows) and server.failures == 0
     assert server.running.metric == "llamacpp:requests_processing" and server.running.max <= 4
     assert server.waiting.metric == "llamacpp:requests_deferred"
+    # its /props: --parallel 4 over -c 4096 (per-slot caches, since --parallel was given)
+    assert (server.slots, server.slot_context_tokens) == (4, 1024)
     # the server's own count of what it generated during the run is exactly what bench counted (usage)
     assert server.counters["generation_tokens"] == summary.output_tokens == REQUESTS * OUTPUT_TOKENS
     assert server.counters["prompt_tokens"] + server.counters.get("cached_prompt_tokens", 0) >= REQUESTS
@@ -47,4 +49,18 @@ def test_bench_scrapes_llama_server_metrics_into_series_and_server_block(llama_c
     assert len({r["request_id"] for r in records}) == REQUESTS
     assert all(uuid.UUID(r["request_id"]).version == 4 for r in records)
     assert all(r["server_request_id"] for r in records)  # llama-server's chunk id (chatcmpl-/cmpl-...)
-    assert "server metrics" in stdout and "llamacpp" in stdout
+    assert "server metrics" in stdout and "llamacpp" in stdout and "1,024-token context each" in stdout
+
+
+def test_compare_estimate_replays_on_as_many_slots_as_llama_server_has(llama_cpp_server, tmp_path, run_cli):
+    """Concurrency 8 against llama-server's 4 slots: the replay runs 4 sequences at once, as the server did (its
+    /props), not the default engine's 256; what it predicts is compared, not asserted (the 2-core VM's speed varies)."""
+    out = tmp_path / "run"
+    code, stdout, stderr = run_cli(["bench", "--url", llama_cpp_server.base_url, "--requests", "8", "--concurrency", "8",
+                                    "--output-tokens", "8", "--prompt-tokens", "32", "--no-progress", "--out", str(out),
+                                    "--compare-estimate", "--hardware", "amd-ryzen-9-7950x"])
+    assert code == 0, stderr
+    block = RunSummary.load(out / "summary.json").estimate
+    assert block.method == "simulate" and block.inputs["max_seqs_from_server"] == 4
+    assert block.predicted["engine"]["max_seqs"] == 4
+    assert block.comparison["ttft_s.mean"].ratio > 0

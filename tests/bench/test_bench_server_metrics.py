@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from speedlimit.bench.server_metrics import (MetricsScraper, NotPrometheus, Scrape, detect_engine, histogram_quantile,
-                                             load_series, parse_metrics, summarize_server)
+                                             llamacpp_slots, load_series, parse_metrics, props_url, summarize_server)
 
 # vLLM V1 as `curl /metrics` prints it (prometheus_client's exposition: float values, _created samples, labels).
 VLLM_BEFORE = """\
@@ -415,3 +415,153 @@ def test_any_cache_info_labels_give_a_whole_positive_capacity_or_none(blocks, si
         assert block.kv_capacity_tokens == int(blocks) * int(size) and block.kv_block_size == int(size)
     else:
         assert block.kv_capacity_tokens is None and block.kv_block_size is None
+
+
+# llama-server's /props (tools/server/server-context.cpp): its slots and one slot's context, beside /metrics.
+LLAMACPP_PROPS = {"default_generation_settings": {"params": {"n_predict": -1}, "n_ctx": 1024}, "total_slots": 4,
+                  "model_path": "/m/SmolLM2-135M-Instruct.Q4_1.gguf", "build_info": "b1-0c1e570"}
+
+
+@pytest.mark.parametrize("props, slots", [
+    (LLAMACPP_PROPS, (4, 1024)),
+    ({"total_slots": 8}, (8, None)),
+    ({"total_slots": True, "default_generation_settings": {"n_ctx": False}}, (None, None)),  # JSON true is no count
+    ({"total_slots": 0, "default_generation_settings": {"n_ctx": -5}}, (None, None)),
+    ({"total_slots": 4.0, "default_generation_settings": {"n_ctx": "1024"}}, (None, None)),
+    ({"total_slots": 10**7, "default_generation_settings": {"n_ctx": 10**12}}, (None, None)),
+    ({"total_slots": "<script>", "default_generation_settings": ["n_ctx"]}, (None, None)),
+    ([4, 1024], (None, None)), ("props", (None, None)), (None, (None, None)),
+])
+def test_llama_server_props_give_its_slots_only_as_whole_numbers_in_range(props, slots):
+    assert llamacpp_slots(props) == slots
+
+
+@settings(max_examples=80, deadline=None)
+@given(props=st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                              st.sampled_from(["total_slots", "default_generation_settings", "n_ctx", "x"]), inner,
+                              max_size=3), max_leaves=8))
+def test_any_props_answer_gives_whole_positive_slots_or_none(props):
+    slots, context = llamacpp_slots(props)
+    for value, high in ((slots, 10**6), (context, 10**9)):
+        assert value is None or (type(value) is int and 0 < value <= high)
+
+
+@pytest.mark.parametrize("metrics, props", [
+    ("http://127.0.0.1:8080/metrics", "http://127.0.0.1:8080/props"),
+    ("http://h:1/api/metrics?x=1#f", "http://h:1/api/props"),
+    ("http://h:1/stats", None),
+])
+def test_props_sit_beside_the_metrics_endpoint(metrics, props):
+    assert props_url(metrics) == props
+
+
+class _LlamaServerApp:
+    """A fake llama-server (for the fault paths; the real one is in test_bench_llama_server_metrics.py): llama.cpp's
+    /metrics, and a /props that does what `behaviour` says."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.props_hits = 0
+
+    async def metrics(self, request):
+        from aiohttp import web
+
+        return web.Response(text=fill(LLAMACPP, prompt=10, cached=0, gen=5, running=1), content_type="text/plain")
+
+    async def props(self, request):
+        from aiohttp import web
+
+        self.props_hits += 1
+        if self.behaviour == "404":
+            return web.Response(status=404, text="not found")
+        if self.behaviour == "hang":
+            await asyncio.sleep(2)
+        if self.behaviour == "garbage":
+            return web.Response(text="<html>" + "[" * 100000, content_type="text/html")
+        if self.behaviour == "huge":
+            return web.json_response({"total_slots": 4, "pad": "x" * (2 << 20)})
+        return web.json_response(LLAMACPP_PROPS)
+
+
+async def _scrape_llama_server(behaviour: str, tmp_path):
+    from aiohttp import web
+
+    state = _LlamaServerApp(behaviour)
+    app = web.Application()
+    app.router.add_get("/metrics", state.metrics)
+    app.router.add_get("/props", state.props)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            scraper = MetricsScraper(session, f"http://127.0.0.1:{port}/metrics", interval_s=0.05,
+                                     path=tmp_path / "server_metrics.jsonl", timeout_s=0.3)
+            await scraper.start()
+            await asyncio.sleep(0.15)
+            await scraper.finish()
+            return scraper, state
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("behaviour", ["ok", "404", "hang", "garbage", "huge"])
+def test_the_scraper_reads_llama_servers_slots_once_and_a_bad_props_costs_nothing(behaviour, tmp_path):
+    scraper, state = asyncio.run(_scrape_llama_server(behaviour, tmp_path))
+    block = scraper.summary()
+    assert state.props_hits == 1 and scraper.warning is None and scraper.note is None
+    assert block.engine == "llamacpp" and block.scrapes >= 3  # the run's scrapes went on
+    if behaviour == "ok":
+        assert (block.slots, block.slot_context_tokens) == (4, 1024)
+    else:
+        assert block.slots is None and block.slot_context_tokens is None
+
+
+async def _scrape_with_props_counted():
+    """A vLLM-looking /metrics: its server's /props (if any) is not llama-server's and is not asked for."""
+    from aiohttp import web
+
+    hits = []
+
+    async def props(request):
+        hits.append(1)
+        return web.json_response(LLAMACPP_PROPS)
+
+    async def metrics(request):
+        return web.Response(text=VLLM_BEFORE, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/props", props)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            scraper = MetricsScraper(session, f"http://127.0.0.1:{port}/metrics", interval_s=0.05, timeout_s=0.3)
+            await scraper.start()
+            await scraper.finish()
+            assert scraper.summary().slots is None
+    finally:
+        await runner.cleanup()
+    return len(hits)
+
+
+def test_props_are_read_only_from_llama_server():
+    scraper = asyncio.run(_scrape_with_props_counted())
+    assert scraper == 0
+
+
+def test_the_summary_shows_llama_servers_slots():
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.describe import server_lines
+
+    rows = dict(server_lines(ServerMetrics(engine="llamacpp", url="u", scrapes=2, slots=4, slot_context_tokens=1024)))
+    assert rows["  slots"] == "4 (1,024-token context each)"
+    assert dict(server_lines(ServerMetrics(engine="llamacpp", url="u", scrapes=2, slots=2)))["  slots"] == "2"
+    assert "  slots" not in dict(server_lines(ServerMetrics(engine="vllm", url="u", scrapes=2)))

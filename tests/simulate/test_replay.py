@@ -77,7 +77,7 @@ def test_the_replay_takes_the_kv_cache_the_server_reported_unless_the_spec_sets_
     """A capacity the server's /metrics reported (vLLM's cache_config_info) is a fact of the run: the replay's engine
     gets it, so a run that queued for KV is replayed queueing, as rule K1 scores the published rows."""
     from speedlimit.artifacts import ServerMetrics
-    from speedlimit.bench.compare import with_server_kv_capacity
+    from speedlimit.bench.compare import with_server_engine
 
     run = simulate("llama-3.1-8b", "l40s", concurrency=8, requests=40, prompt_tokens="uniform:200:900", output_tokens=64,
                    seed=3, engine="continuous", max_seqs=8, max_batched_tokens=1024, kv_tokens=2048, block_size=32)
@@ -96,6 +96,31 @@ def test_the_replay_takes_the_kv_cache_the_server_reported_unless_the_spec_sets_
     assert "kv_tokens_from_server" not in blind.inputs
     assert blind.comparison["ttft_s.mean"].ratio != pytest.approx(1.0, rel=1e-3)
     # the user's own kv_tokens wins; no figure, no change
-    assert with_server_kv_capacity(spec + ",kv_tokens=999", server) == (spec + ",kv_tokens=999", None)
-    assert with_server_kv_capacity(spec, None) == (spec, None)
-    assert with_server_kv_capacity(None, server) == ("continuous,kv_tokens=2048,block_size=32", 2048.0)
+    assert with_server_engine(spec + ",kv_tokens=999", server) == (spec + ",kv_tokens=999", None, None)
+    assert with_server_engine(spec, None) == (spec, None, None)
+    assert with_server_engine(None, server) == ("continuous,kv_tokens=2048,block_size=32", 2048.0, None)
+
+
+def test_the_replay_runs_as_many_sequences_as_the_server_has_slots_unless_the_spec_says():
+    """llama-server's slots (its /props total_slots, --parallel) cap the sequences it runs at once: concurrency 8
+    against 4 slots queues half the requests, and a replay on the default engine (256 sequences) would not."""
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import with_server_engine
+
+    run = simulate("llama-3.1-8b", "l40s", concurrency=8, requests=24, prompt_tokens=256, output_tokens=32, seed=5,
+                   engine="continuous", max_seqs=4)
+    server = ServerMetrics(engine="llamacpp", slots=4, slot_context_tokens=1024)
+    measured = run.summary.model_copy(update={"server": server})
+    block = replay_for(measured, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b")
+    assert block.inputs["max_seqs_from_server"] == 4
+    assert block.predicted["engine"]["max_seqs"] == 4
+    for label in ("ttft_s.mean", "tpot_s.mean", "e2e_s.mean", "output_tok_s"):
+        assert block.comparison[label].ratio == pytest.approx(1.0, rel=1e-6), label
+    blind = replay_for(run.summary, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b")
+    assert "max_seqs_from_server" not in blind.inputs
+    assert blind.comparison["ttft_s.mean"].ratio > 1.5  # 8 at once: no queue, so the measured TTFT looks slow
+    # the user's own max_seqs wins; a serial engine runs one sequence whatever the slots; both facts go together
+    assert with_server_engine("continuous,max_seqs=2", server) == ("continuous,max_seqs=2", None, None)
+    assert with_server_engine("serial", server) == ("serial", None, None)
+    both = ServerMetrics(engine="vllm", kv_capacity_tokens=4096.0, kv_block_size=16, slots=3)
+    assert with_server_engine(None, both) == ("continuous,kv_tokens=4096,block_size=16,max_seqs=3", 4096.0, 3.0)

@@ -82,7 +82,7 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     architecture = _architecture(served_model, estimate_model)
     # the shared prefixes it sent (bench's endpoint block; a simulated run's engine block)
     sent = ((summary.endpoint or {}).get("workload") or (summary.engine or {}).get("workload") or {})
-    engine, server_kv = with_server_kv_capacity(engine, summary.server)
+    engine, server_kv, server_slots = with_server_engine(engine, summary.server)
     simulated = replay(records, summary.offered_load, architecture, hardware, engine, summary.slo,
                        prefix_tokens=int(sent.get("prefix_tokens") or 0),
                        prefix_groups=int(sent.get("prefix_groups") or 1)).summary
@@ -103,6 +103,8 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
         inputs["output"] = simulated.output_tokens / simulated.completed
     if server_kv is not None:
         inputs["kv_tokens_from_server"] = server_kv
+    if server_slots is not None:
+        inputs["max_seqs_from_server"] = server_slots
     from speedlimit.estimator import estimate
 
     # the static estimate's fields stay in the block (calibrate fits decode points from them)
@@ -114,21 +116,29 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
                            comparison=rows)
 
 
-def with_server_kv_capacity(engine: str | None, server: ServerMetrics | None) -> tuple[str | None, float | None]:
-    """The replay's engine spec given the KV cache the server said it allocated (its /metrics), unless the spec sets
-    its own: a capacity the engine reported is a fact of the run, as its slot count is. Returns (spec, the capacity
-    taken or None)."""
+def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tuple[str | None, float | None, float | None]:
+    """The replay's engine spec given what the server said of its own configuration, unless the spec sets it: the KV
+    cache it allocated (vLLM's and SGLang's /metrics) and the sequences it runs at once (llama-server's slots, its
+    /props). Each is a fact of the run, as a command line's flag is. Returns (spec, the capacity taken or None, the
+    slots taken or None)."""
     from speedlimit.simulator import parse_engine_spec
 
     given = parse_engine_spec(engine)
+    spec, options = engine, []
     tokens = server.kv_capacity_tokens if server is not None else None
-    if tokens is None or not math.isfinite(tokens) or tokens < 1 or "kv_tokens" in given:
-        return engine, None
-    tokens = int(tokens)
-    spec = f"{engine or 'continuous'},kv_tokens={tokens}"
-    if server.kv_block_size and "block_size" not in given:
-        spec += f",block_size={server.kv_block_size}"
-    return spec, float(tokens)
+    taken_kv = taken_slots = None
+    if tokens is not None and math.isfinite(tokens) and tokens >= 1 and "kv_tokens" not in given:
+        taken_kv = float(int(tokens))
+        options.append(f"kv_tokens={int(tokens)}")
+        if server.kv_block_size and "block_size" not in given:
+            options.append(f"block_size={server.kv_block_size}")
+    slots = server.slots if server is not None else None
+    if slots is not None and slots >= 1 and "max_seqs" not in given and given["mode"] == "continuous":
+        taken_slots = float(slots)
+        options.append(f"max_seqs={slots}")
+    if options:
+        spec = ",".join([engine or "continuous", *options])
+    return spec, taken_kv, taken_slots
 
 
 def _architecture(served_model: str | None, estimate_model: str | None):

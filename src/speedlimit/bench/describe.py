@@ -66,6 +66,9 @@ def server_lines(server: ServerMetrics) -> list[tuple[str, str]]:
         blocks = f" ({server.kv_capacity_tokens / server.kv_block_size:,.0f} blocks of {server.kv_block_size})" \
             if server.kv_block_size else ""
         rows.append(("  KV capacity", f"{server.kv_capacity_tokens:,.0f} tokens{blocks}"))
+    if server.slots is not None:
+        context = f" ({server.slot_context_tokens:,}-token context each)" if server.slot_context_tokens else ""
+        rows.append(("  slots", f"{server.slots:,}{context}"))
     if server.counters:
         rows.append(("  counters", ", ".join(f"{k} {v:,.6g}" for k, v in server.counters.items())))
     for name, h in server.histograms.items():

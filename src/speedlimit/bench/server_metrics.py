@@ -25,7 +25,12 @@ Metric names (checked against each project's docs and source, Dec 2026):
 - TGI: huggingface.co/docs/text-generation-inference/reference/metrics (``tgi_queue_size``, ``tgi_batch_current_size``,
   ``tgi_request_*`` histograms).
 - llama.cpp: tools/server/server-task.cpp ``to_metrics`` (``requests_processing``, ``requests_deferred``,
-  ``prompt_tokens_cached_total``; older builds also ``kv_cache_usage_ratio``).
+  ``prompt_tokens_cached_total``; older builds also ``kv_cache_usage_ratio``). It exports no KV size, but its
+  ``/props`` beside ``/metrics`` says how many sequences it runs at once and the context of each
+  (tools/server/server-context.cpp: ``total_slots`` = ``--parallel``, ``default_generation_settings.n_ctx`` = one
+  slot's context): read once before the run (`llamacpp_slots`). One slot's context times the slots is not its KV
+  cache when the cache is unified (``--kv-unified``, where every slot reports the whole pool), so no capacity is
+  derived from them.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -169,6 +175,41 @@ def parse_metrics(text: str) -> dict[str, float]:
     return {k: (v / counts[k] if k in FRACTION_GAUGES else v) for k, v in sums.items()}
 
 
+#: The most of llama-server's /props answer read (it carries the chat template; a real one is a few kB).
+PROPS_MAX_BYTES = 1 << 20
+#: Largest slot count and slot context believed from /props (a real server's are far below).
+MAX_SLOTS = 1_000_000
+MAX_SLOT_CONTEXT_TOKENS = 10**9
+
+
+def llamacpp_slots(props: Any) -> tuple[int | None, int | None]:
+    """(slots, tokens of context per slot) from llama-server's ``/props`` JSON, each None where the answer does not
+    hold a whole number in range: the text comes from the server and nothing else in it is used."""
+    if not isinstance(props, dict):
+        return None, None
+    settings = props.get("default_generation_settings")
+    context = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return _whole_count(props.get("total_slots"), MAX_SLOTS), _whole_count(context, MAX_SLOT_CONTEXT_TOKENS)
+
+
+def _whole_count(value: Any, high: int) -> int | None:
+    # JSON true is a Python int: not a count
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= high:
+        return None
+    return value
+
+
+def props_url(metrics_url: str) -> str | None:
+    """llama-server's /props beside a /metrics URL (None when the URL does not end in /metrics)."""
+    try:
+        parts = urlsplit(metrics_url)
+    except ValueError:
+        return None
+    if not parts.path.endswith("/metrics"):
+        return None
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.removesuffix("/metrics") + "/props", "", ""))
+
+
 def detect_engine(samples: dict[str, float]) -> str:
     """vllm | sglang | tgi | llamacpp | unknown: the prefix most samples carry."""
     tally: dict[str, int] = {}
@@ -251,10 +292,13 @@ def _histogram(before: dict[str, float], after: dict[str, float], family: str) -
     return ServerHistogram(metric=family, n=int(count), mean=total / count if total is not None else None, **quantile)
 
 
-def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, failures: int = 0) -> ServerMetrics:
-    """The server-side block of a run from its scrapes (the first one before the run, the last one after it)."""
+def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, failures: int = 0,
+                     slots: tuple[int | None, int | None] = (None, None)) -> ServerMetrics:
+    """The server-side block of a run from its scrapes (the first one before the run, the last one after it) and,
+    for llama-server, its slots and slot context (`llamacpp_slots`)."""
     engine = next((detect_engine(s.samples) for s in scrapes if s.samples), "unknown")
-    block = ServerMetrics(engine=engine, url=url, scrapes=len(scrapes), interval_s=interval_s, failures=failures)
+    block = ServerMetrics(engine=engine, url=url, scrapes=len(scrapes), interval_s=interval_s, failures=failures,
+                          slots=slots[0], slot_context_tokens=slots[1])
     if len(scrapes) < 2:
         return block
     before, after = scrapes[0].samples, scrapes[-1].samples
@@ -325,6 +369,7 @@ class MetricsScraper:
     warning: str | None = None  # scraping broke (garbage, a hang, an error): the numbers may lack the server's view
     note: str | None = None  # the server has no metrics endpoint (404 before the run): nothing to scrape
     failures: int = 0
+    slots: tuple[int | None, int | None] = (None, None)  # llama-server's (slots, slot context), from /props
     _t0_ns: int = 0
     _task: asyncio.Task | None = None
     _file: Any = None
@@ -394,7 +439,27 @@ class MetricsScraper:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("w", encoding="utf-8")
         if await self.scrape("before"):
+            if detect_engine(self.scrapes[0].samples) == "llamacpp":
+                await self.read_props()
             self._task = asyncio.create_task(self._loop())
+
+    async def read_props(self) -> None:
+        """llama-server's slots and slot context from its /props, once. They only inform a replay of the run, so any
+        failure (no such endpoint, a hang, no JSON, absurd values) leaves them unknown, without a warning."""
+        url = props_url(self.url)
+        if url is None:
+            return
+        timeout = aiohttp.ClientTimeout(total=self.effective_timeout_s)
+        try:
+            async with self.session.get(url, headers=self.headers, timeout=timeout) as response:
+                if response.status != 200:
+                    return
+                raw = await response.content.read(PROPS_MAX_BYTES + 1)
+            if len(raw) > PROPS_MAX_BYTES:
+                return
+            self.slots = llamacpp_slots(json.loads(raw.decode("utf-8", errors="replace")))
+        except (asyncio.TimeoutError, TimeoutError, aiohttp.ClientError, OSError, ValueError, RecursionError):
+            return
 
     def abort(self) -> None:
         """Stop without the scrape after (the run was cancelled); what was scraped stays on disk."""
@@ -427,7 +492,8 @@ class MetricsScraper:
     def summary(self) -> ServerMetrics | None:
         if not self.scrapes:
             return None
-        return summarize_server(self.scrapes, url=self.url, interval_s=self.interval_s, failures=self.failures)
+        return summarize_server(self.scrapes, url=self.url, interval_s=self.interval_s, failures=self.failures,
+                                slots=self.slots)
 
 
 def load_series(path: Path) -> list[dict[str, Any]]:
