@@ -672,6 +672,12 @@ def test_early_engines_launch_an_activation_quant_kernel_per_fp8_linear() -> Non
         assert estimate("deepseek-r1", "h200", weights="bf16", tp=8, engine=key).kernels_per_step == base
     late = catalog_engine("vllm")
     assert late.decode_kernels(r1.decode_kernels, r1.decode_linears, "fp8") == r1.decode_kernels * late.kernel_fraction.value
+    # late SGLang (0.5.x) runs the same two launches on every block-fp8 backend; late vLLM's is not counted
+    sglang = catalog_engine("sglang")
+    assert sglang.decode_kernels(r1.decode_kernels, r1.decode_linears, "fp8") == \
+        r1.decode_kernels * sglang.kernel_fraction.value + 482
+    assert sglang.decode_kernels(llama.decode_kernels, llama.decode_linears, "bf16") == \
+        llama.decode_kernels * sglang.kernel_fraction.value
 
 
 def test_early_vllm_prices_a_kernel_floor_and_a_cost_per_running_sequence() -> None:

@@ -245,3 +245,28 @@ def test_shipped_names_the_checkpoints_own_format():
     assert list(grid.columns["weights"]) == ["fp8", "int4", "bf16", "int4"]
     ok = runner.invoke(app, ["sweep", "-m", "gpt-oss-20b", "-H", "h100-sxm", "--weights", "shipped,16"])
     assert ok.exit_code == 0 and "experts=mxfp4" in ok.output, ok.output
+
+
+def test_an_fp8_model_keeps_its_embedding_table_and_lm_head_in_16_bits():
+    """The engines' fp8 methods quantize linear layers and experts only (SGLang's and vLLM's
+    Fp8Config.get_quant_method): an fp8 model reads its untied LM head at 2 bytes a weight and holds its embedding
+    table at 2 bytes; a spelling that names those groups keeps what it names; other formats are unchanged."""
+    arch = resolve_model("qwen3-8b")
+    assert arch.lm_head_params > 0  # untied
+    fp8 = estimate(arch, "h100-sxm", weights="fp8")
+    body = arch.total_params - arch.embedding_params - arch.lm_head_params
+    assert fp8.weights == "fp8"
+    assert fp8.weights_bytes == pytest.approx(body * 1 + (arch.embedding_params + arch.lm_head_params) * 2, rel=1e-12)
+    cost, bits = cost_model(arch, parse_precision("fp8"), parse_precision("bf16"))
+    assert cost.head_bytes == arch.lm_head_params * 2 and cost.embedding_row_bytes == pytest.approx(arch.hidden_size * 2)
+    assert bits == pytest.approx(8 * fp8.weights_bytes / arch.total_params, rel=1e-12) and 9 < bits < 9.5
+    named = estimate(arch, "h100-sxm", weights="lm_head=fp8,embeddings=fp8,default=fp8")
+    assert named.weights_bytes == pytest.approx(arch.total_params, rel=1e-12)  # every group fp8, as spelled
+    assert named.itl_s < fp8.itl_s  # a smaller head to read
+    int8 = estimate(arch, "h100-sxm", weights="int8")
+    assert int8.weights_bytes == pytest.approx(arch.total_params, rel=1e-12)  # not an fp8 method: all at 1 byte
+    # a tied head is the embedding table: read once per token at 2 bytes
+    tied = resolve_model("llama-3.2-1b")
+    assert tied.lm_head_params == 0
+    tied_cost, _ = cost_model(tied, parse_precision("e4m3"), parse_precision("bf16"))
+    assert tied_cost.head_bytes == tied.embedding_params * 2

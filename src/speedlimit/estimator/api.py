@@ -133,6 +133,18 @@ def check_weight_groups(arch: Architecture, weights: WeightFormats) -> None:
         raise SpeedlimitError(f"{arch.name} ties its LM head to the embedding table: set embeddings= instead of lm_head=")
 
 
+#: Bytes per element of the token-embedding table and the LM head when a whole model is in an fp8 format: the
+#: engines' fp8 methods quantize linear layers and fused-MoE experts only, so the vocabulary tables keep the model's
+#: 16-bit dtype (SGLang's and vLLM's Fp8Config.get_quant_method; benchmarks/accuracy/SOURCES.md, "Cited structure:
+#: what an fp8 model keeps in 16 bits").
+FP8_VOCABULARY_BYTES = 2.0
+
+
+def vocabulary_bytes_per_element(weights: Precision) -> float:
+    """Bytes per element of the embedding table and LM head of a model whose weights are all ``weights``."""
+    return FP8_VOCABULARY_BYTES if weights.compute_dtype == "fp8" else weights.bytes_per_element
+
+
 def cost_model(arch: Architecture, weights: Precision | WeightFormats | None, kv: Precision) -> tuple[core.CostModel, float]:
     """The byte/FLOP coefficients of a model at a precision, and its weight bits per parameter.
 
@@ -156,9 +168,10 @@ def cost_model(arch: Architecture, weights: Precision | WeightFormats | None, kv
         bits = 8.0 * total / max(arch.total_params, 1.0)
     else:
         b = weights.bytes_per_element
-        embedding, head, dense, expert = arch.embedding_params * b, arch.head_params * b, arch.dense_params * b, arch.expert_params * b
-        total = arch.total_params * b
-        bits = weights.bits
+        vocab = vocabulary_bytes_per_element(weights)
+        embedding, head, dense, expert = arch.embedding_params * vocab, arch.head_params * vocab, arch.dense_params * b, arch.expert_params * b
+        total = arch.total_params * b + (arch.embedding_params + arch.lm_head_params) * (vocab - b)
+        bits = 8.0 * total / max(arch.total_params, 1.0) if vocab != b else weights.bits
     row_bytes = embedding / arch.vocab_size if arch.vocab_size else 0.0
     kv_b = kv.bytes_per_element
     cost = core.CostModel(
@@ -413,7 +426,10 @@ def resolve(scenario: Scenario) -> StepModel:
     weights = chosen_weights(arch, scenario.weights)
     if isinstance(weights, WeightFormats):
         check_weight_groups(arch, weights)
-        weights = weights.uniform or weights  # one format named per group is that format
+        # one format named per group is that format, unless the spelling names the vocabulary tables (an fp8 model
+        # keeps them in 16 bits: `vocabulary_bytes_per_element`)
+        if weights.uniform is not None and not weights.explicit & {"embeddings", "lm_head"}:
+            weights = weights.uniform
     weights_dtype = _weights_compute_dtype(weights)
     kv = parse_precision(scenario.kv if scenario.kv is not None else engine.default_kv(weights_dtype), what="kv")
     efficiency, terms = engine_efficiency(scenario, device, engine, weights_dtype)
