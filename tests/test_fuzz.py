@@ -305,7 +305,8 @@ def test_catalog_listings_any_flags(argv: list[str]) -> None:
 @FUZZ
 @given(flags=st.lists(st.tuples(st.sampled_from(["--prompt-tokens", "--output-tokens", "--concurrency", "--requests",
                                                  "--warmup", "--sweep", "--slo", "--api", "--extra-body", "--seed",
-                                                 "--knee-fraction", "--model", "--prefix-tokens", "--prefix-groups"]),
+                                                 "--knee-fraction", "--model", "--prefix-tokens", "--prefix-groups",
+                                                 "--engine", "--tp", "--weights", "--replay-engine", "--hardware"]),
                                 st.one_of(NUMBERS, TEXT, st.sampled_from(["concurrency=1,2", "rate=0", "ttft=5", "{}", "[]",
                                                                           "uniform:1:0", "normal:5:-1", "chat"]))),
                       max_size=4))
@@ -630,6 +631,12 @@ BENCH_REPROS = [
     pytest.param(["--prompt-tokens", "100000000"], id="prompt-tokens-1e8"),
     pytest.param(["--prefix-groups", "1000000000", "--prefix-tokens", "8"], id="prefix-groups-1e9"),
     pytest.param(["--prefix-groups", "3"], id="prefix-groups-without-prefix-tokens"),
+    pytest.param(["--tp", "8"], id="tp-without-compare-estimate"),
+    pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--tp", "0"], id="tp-zero"),
+    pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--tp", "100000"], id="tp-huge"),
+    pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--engine", "<b>vllm</b>"], id="engine-unknown"),
+    pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--weights", "fp9"], id="weights-unknown"),
+    pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--replay-engine", "warp"], id="replay-engine-bad"),
 ]
 
 

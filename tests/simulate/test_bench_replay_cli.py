@@ -38,3 +38,28 @@ def test_bench_sweep_compare_estimate_replays_every_point(tmp_path, capsys):
         assert block["predicted"]["engine"]["max_seqs"] == 4
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["points"][1]["estimate"]["inputs"]["concurrency"] == 4
+
+
+def test_bench_compare_estimate_replays_the_deployment_named(tmp_path, capsys):
+    """--engine / --tp / --weights describe the server the replay simulates: they reach the replay's engine block."""
+    from speedlimit import cli
+
+    with FaultyOpenAIServer() as server:
+        argv = ["speedlimit", "bench", "--url", server.url("ok"), "--concurrency", "2", "--requests", "4",
+                "--output-tokens", "5", "--out", str(tmp_path), "--json", "--no-progress", "--compare-estimate",
+                "--hardware", "h100-sxm", "--estimate-model", "llama-3.1-70b", "--engine", "vllm", "--tp", "4",
+                "--weights", "fp8"]
+        old, sys.argv = sys.argv, argv
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code or 0
+        finally:
+            sys.argv = old
+    out = capsys.readouterr().out
+    assert code == 0
+    block = json.loads(out)["estimate"]
+    engine = block["predicted"]["engine"]
+    assert (engine["engine"], engine["tp"], engine["weights"]) == ("vllm", 4, "fp8")
+    assert block["inputs"]["tp"] == 4 and engine["max_seqs"] == 1024  # vLLM's scheduler, not the generic 256

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speedlimit import simulate
+from speedlimit import estimate, simulate
 from speedlimit.bench.compare import REPLAY_LATENCIES, REPLAY_STATS, replay_for
 from speedlimit.errors import SpeedlimitError
 from speedlimit.simulator import parse_engine_spec
@@ -58,6 +58,9 @@ def test_engine_spec():
     assert parse_engine_spec("continuous,max_seqs=8,kv_tokens=8192,chunked_prefill=0") == {
         "mode": "continuous", "max_seqs": 8, "kv_tokens": 8192, "chunked_prefill": False}
     assert parse_engine_spec("continuous,prefix_caching=on")["prefix_caching"] is True
+    # options alone keep the engine's own scheduler (its profile's, else continuous)
+    assert parse_engine_spec("max_seqs=4,kv_tokens=100") == {"mode": None, "max_seqs": 4, "kv_tokens": 100}
+    assert parse_engine_spec(None) == parse_engine_spec("") == {"mode": None}
     for bad in ("warp", "continuous,max_seqs", "continuous,colour=3", "continuous,max_seqs=x"):
         with pytest.raises(SpeedlimitError):
             parse_engine_spec(bad)
@@ -98,7 +101,7 @@ def test_the_replay_takes_the_kv_cache_the_server_reported_unless_the_spec_sets_
     # the user's own kv_tokens wins; no figure, no change
     assert with_server_engine(spec + ",kv_tokens=999", server) == (spec + ",kv_tokens=999", None, None)
     assert with_server_engine(spec, None) == (spec, None, None)
-    assert with_server_engine(None, server) == ("continuous,kv_tokens=2048,block_size=32", 2048.0, None)
+    assert with_server_engine(None, server) == ("kv_tokens=2048,block_size=32", 2048.0, None)  # the engine's scheduler
 
 
 def test_the_replay_runs_as_many_sequences_as_the_server_has_slots_unless_the_spec_says():
@@ -123,4 +126,33 @@ def test_the_replay_runs_as_many_sequences_as_the_server_has_slots_unless_the_sp
     assert with_server_engine("continuous,max_seqs=2", server) == ("continuous,max_seqs=2", None, None)
     assert with_server_engine("serial", server) == ("serial", None, None)
     both = ServerMetrics(engine="vllm", kv_capacity_tokens=4096.0, kv_block_size=16, slots=3)
-    assert with_server_engine(None, both) == ("continuous,kv_tokens=4096,block_size=16,max_seqs=3", 4096.0, 3.0)
+    assert with_server_engine(None, both) == ("kv_tokens=4096,block_size=16,max_seqs=3", 4096.0, 3.0)
+    assert with_server_engine("continuous", both)[0] == "continuous,kv_tokens=4096,block_size=16,max_seqs=3"
+
+
+def test_the_replay_runs_the_deployment_the_server_ran():
+    """A run on vLLM's profile at TP 2 replayed with the same profile and TP is predicted exactly; replayed as one
+    device on the generic scheduler (the default), it is not. A generic mode in the spec keeps the profile's step
+    costs but swaps in that scheduler."""
+    run = simulate("llama-3.1-70b", "h100-sxm", engine="vllm", tp=2, concurrency=16, requests=48,
+                   prompt_tokens="uniform:200:600", output_tokens=48, seed=7)
+    block = replay_for(run.summary, run.records, hardware="h100-sxm", served_model=None,
+                       estimate_model="llama-3.1-70b", profile="vllm", tp=2)
+    replayed = block.predicted["engine"]
+    assert block.inputs["tp"] == 2 and (replayed["engine"], replayed["tp"]) == ("vllm", 2)
+    assert {k: v for k, v in replayed.items() if k != "workload"} == \
+        {k: v for k, v in run.summary.engine.items() if k != "workload"}
+    for label, row in block.comparison.items():
+        if row.ratio is not None:
+            assert row.ratio == pytest.approx(1.0, rel=1e-6), label
+    assert block.predicted["itl_s"] == pytest.approx(estimate("llama-3.1-70b", "h100-sxm", engine="vllm", tp=2,
+                                                              batch=16, prompt=400, output=48).itl_s, rel=0.05)
+    with pytest.raises(SpeedlimitError, match="try --tp"):  # replayed on one H100 the 70B model does not fit
+        replay_for(run.summary, run.records, hardware="h100-sxm", served_model=None, estimate_model="llama-3.1-70b")
+    fp8 = replay_for(run.summary, run.records, hardware="h100-sxm", served_model=None, estimate_model="llama-3.1-70b",
+                     profile="vllm", tp=2, weights="fp8")
+    assert fp8.predicted["engine"]["weights"] == "fp8"
+    assert fp8.comparison["tpot_s.mean"].ratio > 1.3  # the bf16 run read about twice the bytes the fp8 replay does
+    generic = replay_for(run.summary, run.records, hardware="h100-sxm", served_model=None,
+                         estimate_model="llama-3.1-70b", profile="vllm", tp=2, engine="continuous,max_seqs=1")
+    assert generic.predicted["engine"]["max_seqs"] == 1 and generic.comparison["ttft_s.mean"].ratio < 0.5

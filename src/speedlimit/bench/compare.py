@@ -75,8 +75,11 @@ def replay_figures(summary: RunSummary) -> dict[str, float | None]:
 
 
 def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str | None, estimate_model: str | None,
-               engine: str | None = None) -> PredictionBlock:
-    """Simulate the workload this run sent and return the summary's prediction block (``method="simulate"``)."""
+               engine: str | None = None, profile: str | None = None, tp: int = 1,
+               weights: str | None = None) -> PredictionBlock:
+    """Simulate the workload this run sent and return the summary's prediction block (``method="simulate"``).
+    ``engine``: the replay's scheduler spec (`parse_engine_spec`); ``profile``, ``tp``, ``weights``: the deployment
+    the server ran (an engines.toml profile: its step costs and scheduler defaults), as `simulate` takes them."""
     from speedlimit.simulator import replay
 
     architecture = _architecture(served_model, estimate_model)
@@ -85,7 +88,8 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     engine, server_kv, server_slots = with_server_engine(engine, summary.server)
     simulated = replay(records, summary.offered_load, architecture, hardware, engine, summary.slo,
                        prefix_tokens=int(sent.get("prefix_tokens") or 0),
-                       prefix_groups=int(sent.get("prefix_groups") or 1)).summary
+                       prefix_groups=int(sent.get("prefix_groups") or 1),
+                       profile=profile, tp=tp, weights=weights).summary
     measured, predicted = replay_figures(summary), replay_figures(simulated)
     rows = {}
     for label, value in measured.items():
@@ -105,10 +109,13 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
         inputs["kv_tokens_from_server"] = server_kv
     if server_slots is not None:
         inputs["max_seqs_from_server"] = server_slots
+    if tp != 1:
+        inputs["tp"] = float(tp)
     from speedlimit.estimator import estimate
 
     # the static estimate's fields stay in the block (calibrate fits decode points from them)
-    static = estimate(architecture, hardware, **estimate_inputs(summary)).to_dict()
+    deployment = {"tp": tp, **({"engine": profile} if profile else {}), **({"weights": weights} if weights else {})}
+    static = estimate(architecture, hardware, **estimate_inputs(summary), **deployment).to_dict()
     return PredictionBlock(model=estimate_model or served_model or "?", hardware=hardware, method="simulate",
                            inputs=inputs, predicted={**static, **predicted, "engine": simulated.engine,
                                                      "simulation": {k: v for k, v in (simulated.simulation or {}).items()
@@ -119,12 +126,12 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
 def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tuple[str | None, float | None, float | None]:
     """The replay's engine spec given what the server said of its own configuration, unless the spec sets it: the KV
     cache it allocated (vLLM's and SGLang's /metrics) and the sequences it runs at once (llama-server's slots, its
-    /props). Each is a fact of the run, as a command line's flag is. Returns (spec, the capacity taken or None, the
-    slots taken or None)."""
+    /props). Each is a fact of the run, as a command line's flag is. A spec without a mode stays without one (the
+    engine's own scheduler). Returns (spec, the capacity taken or None, the slots taken or None)."""
     from speedlimit.simulator import parse_engine_spec
 
     given = parse_engine_spec(engine)
-    spec, options = engine, []
+    options: list[str] = []
     tokens = server.kv_capacity_tokens if server is not None else None
     taken_kv = taken_slots = None
     if tokens is not None and math.isfinite(tokens) and tokens >= 1 and "kv_tokens" not in given:
@@ -133,12 +140,12 @@ def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tupl
         if server.kv_block_size and "block_size" not in given:
             options.append(f"block_size={server.kv_block_size}")
     slots = server.slots if server is not None else None
-    if slots is not None and slots >= 1 and "max_seqs" not in given and given["mode"] == "continuous":
+    if slots is not None and slots >= 1 and "max_seqs" not in given and given["mode"] != "serial":
         taken_slots = float(slots)
         options.append(f"max_seqs={slots}")
-    if options:
-        spec = ",".join([engine or "continuous", *options])
-    return spec, taken_kv, taken_slots
+    if not options:
+        return engine, None, None
+    return ",".join([engine, *options] if engine else options), taken_kv, taken_slots
 
 
 def _architecture(served_model: str | None, estimate_model: str | None):

@@ -28,6 +28,7 @@ from speedlimit.cli.bench_view import LiveProgress, print_interrupted, print_sum
 from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan, check_out_dir, parse_sweep, prepare_out_dir
 from speedlimit.bench.workload import parse_length_spec
 from speedlimit.errors import SpeedlimitError
+from speedlimit.scenario import MAX_TP
 
 
 def _extra_body(text: str | None) -> dict[str, Any]:
@@ -98,11 +99,19 @@ def bench_command(
                                          "metric and percentile.", default=False),
     hardware: Optional[str] = typer.Option(None, help="Hardware catalog name or calibrated profile for "
                                                       "--compare-estimate."),
-    replay_engine: str = typer.Option("continuous", help="Engine the replay simulates: continuous or serial, then "
-                                                         "key=value (max_seqs, max_batched_tokens, kv_tokens, "
-                                                         "chunked_prefill, prefix_caching, step_overhead, "
-                                                         "sequence_overhead); without kv_tokens, the KV cache the "
-                                                         "server's /metrics reported, if it did."),
+    replay_engine: Optional[str] = typer.Option(None, help="Scheduler the replay simulates: continuous or serial "
+                                                           "(generic), then key=value (max_seqs, max_batched_tokens, "
+                                                           "kv_tokens, chunked_prefill, prefix_caching, step_overhead, "
+                                                           "sequence_overhead), or the options alone (the --engine "
+                                                           "profile's scheduler); default: --engine's, else "
+                                                           "continuous; without kv_tokens / max_seqs, what the "
+                                                           "server reported (its KV cache, llama-server's slots)."),
+    engine: Optional[str] = typer.Option(None, help="Engine profile the --compare-estimate replay runs (speedlimit "
+                                                    "engines: its step costs and scheduler defaults), e.g. vllm, "
+                                                    "sglang, llama-server."),
+    tp: int = typer.Option(1, help="Tensor-parallel GPUs the server ran on, for --compare-estimate."),
+    weights: Optional[str] = typer.Option(None, help="Weight format the server ran, for --compare-estimate (as "
+                                                     "estimate's --weights; default: as the checkpoint ships)."),
     estimate_model: Optional[str] = typer.Option(None, help="Catalog name or config.json/.gguf path for the "
                                                             "estimate (default: the served model name)."),
     workers: Optional[int] = typer.Option(None, help="Processes sending the load (default 1): concurrency slots or "
@@ -132,6 +141,19 @@ def bench_command(
         parse_engine_spec(replay_engine)
         if estimate_model:
             resolve_model(estimate_model)
+        if engine is not None:
+            from speedlimit.catalog import resolve_engine
+
+            resolve_engine(engine)
+        if weights is not None:
+            from speedlimit.precision import parse_weights
+
+            parse_weights(weights)
+    if not 1 <= tp <= MAX_TP:
+        raise SpeedlimitError(f"--tp must be a whole number of GPUs from 1 to {MAX_TP}, got {tp}")
+    if not compare_estimate and (engine is not None or tp != 1 or weights is not None or replay_engine is not None):
+        raise SpeedlimitError("--engine, --tp, --weights and --replay-engine describe the server for "
+                              "--compare-estimate: add --compare-estimate --hardware NAME")
     if not 0 < timeout < math.inf:
         raise SpeedlimitError("--timeout must be a finite number of seconds > 0")
     if not 0 < knee_fraction <= 1:
@@ -188,7 +210,8 @@ def bench_command(
         try:
             for point, result in zip(runs, results):
                 point.estimate = replay_for(point, result.records, hardware=hardware, served_model=endpoint.model,
-                                            estimate_model=estimate_model, engine=replay_engine)
+                                            estimate_model=estimate_model, engine=replay_engine, profile=engine,
+                                            tp=tp, weights=weights)
         except SpeedlimitError as error:  # measured results still get printed (and are already on disk)
             comparison_error = error
         if out is not None:

@@ -798,14 +798,17 @@ ENGINE_SPEC_KEYS = {"max_seqs": int, "max_batched_tokens": int, "kv_tokens": int
 
 
 def parse_engine_spec(text: str | None) -> dict[str, Any]:
-    """'continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192' or 'serial' -> engine options."""
-    parts = [p.strip() for p in str(text or "continuous").split(",") if p.strip()]
+    """'continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192' or 'serial' -> engine options; a spec of
+    options alone ('max_seqs=4') keeps the engine's own scheduler (``mode`` None: its profile's, else continuous)."""
+    parts = [p.strip() for p in str(text or "").split(",") if p.strip()]
+    if parts and "=" in parts[0]:
+        parts = [""] + parts
     if not parts:
-        parts = ["continuous"]
-    options: dict[str, Any] = {"mode": parts[0].lower()}
-    if options["mode"] not in ENGINE_DEFAULTS:
-        raise SpeedlimitError(f"bad engine {text!r}: start with continuous or serial, then key=value options "
-                              f"({', '.join(ENGINE_SPEC_KEYS)})")
+        parts = [""]
+    options: dict[str, Any] = {"mode": parts[0].lower() or None}
+    if options["mode"] is not None and options["mode"] not in ENGINE_DEFAULTS:
+        raise SpeedlimitError(f"bad engine {text!r}: start with continuous or serial, or give key=value options "
+                              f"alone ({', '.join(ENGINE_SPEC_KEYS)})")
     for part in parts[1:]:
         key, sep, value = part.partition("=")
         key = key.strip().lower().replace("-", "_")
@@ -853,11 +856,20 @@ def _replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None) ->
 
 def replay(records: Sequence[RequestRecord], load: LoadInfo | None, model: Any, hardware: Any,
            engine: str | None = None, slo: dict[str, float] | None = None, prefix_tokens: int = 0,
-           prefix_groups: int = 1) -> Simulation:
+           prefix_groups: int = 1, *, profile: Any = None, tp: int = 1, weights: Any = None) -> Simulation:
     """Simulate exactly the workload a bench run sent, on ``engine`` (a spec for `parse_engine_spec`), with the
-    run's shared prefixes (`replay_workload`)."""
+    run's shared prefixes (`replay_workload`). ``profile`` (an engines.toml name), ``tp`` and ``weights``: the
+    deployment the server ran, as `simulate` takes them; with a profile its step costs and scheduler defaults apply
+    (a spec's mode, continuous or serial, swaps in that generic scheduler), without one a generic continuous
+    scheduler on the default engine's step costs."""
     options = parse_engine_spec(engine)
+    inputs = {"tp": tp, "engine": profile} if profile is not None else {"tp": tp}
+    if weights is not None:
+        inputs["weights"] = weights
     step = resolve(model, hardware, step_overhead_s=options.pop("step_overhead", None),
-                   sequence_overhead_s=options.pop("sequence_overhead", None))
-    config = engine_config(options.pop("mode"), step=step, use_profile=False, **options)
+                   sequence_overhead_s=options.pop("sequence_overhead", None), **inputs)
+    mode = options.pop("mode")
+    use_profile = profile is not None
+    config = engine_config(mode if mode is not None or use_profile else "continuous", step=step,
+                           use_profile=use_profile, **options)
     return run_workload(step, config, replay_workload(records, load, prefix_tokens, prefix_groups), slo)
