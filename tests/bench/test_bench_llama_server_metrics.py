@@ -63,4 +63,7 @@ def test_compare_estimate_replays_on_as_many_slots_as_llama_server_has(llama_cpp
     block = RunSummary.load(out / "summary.json").estimate
     assert block.method == "simulate" and block.inputs["max_seqs_from_server"] == 4
     assert block.predicted["engine"]["max_seqs"] == 4
+    # no --engine: the replay runs llama.cpp's profile (its CPU backend here), the engine the server's /metrics name
+    assert block.inputs["engine_from_server"] == 1 and block.predicted["engine"]["engine"] == "llama-cpp-cpu"
+    assert "engine llama-cpp-cpu (the server's, from its /metrics)" in " ".join(stdout.split())
     assert block.comparison["ttft_s.mean"].ratio > 0

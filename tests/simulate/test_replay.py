@@ -82,8 +82,10 @@ def test_the_replay_takes_the_kv_cache_the_server_reported_unless_the_spec_sets_
     from speedlimit.artifacts import ServerMetrics
     from speedlimit.bench.compare import with_server_engine
 
+    # a vLLM server (its /metrics say so: the replay runs vLLM's step costs) on a generic scheduler with a small cache
     run = simulate("llama-3.1-8b", "l40s", concurrency=8, requests=40, prompt_tokens="uniform:200:900", output_tokens=64,
-                   seed=3, engine="continuous", max_seqs=8, max_batched_tokens=1024, kv_tokens=2048, block_size=32)
+                   seed=3, engine="vllm", scheduler="continuous", max_seqs=8, max_batched_tokens=1024, kv_tokens=2048,
+                   block_size=32)
     assert run.raw.preemptions and max(run.raw.preemptions) > 0  # the small cache made it preempt
     server = ServerMetrics(engine="vllm", kv_capacity_tokens=2048.0, kv_block_size=32)
     measured = run.summary.model_copy(update={"server": server})
@@ -156,3 +158,25 @@ def test_the_replay_runs_the_deployment_the_server_ran():
     generic = replay_for(run.summary, run.records, hardware="h100-sxm", served_model=None,
                          estimate_model="llama-3.1-70b", profile="vllm", tp=2, engine="continuous,max_seqs=1")
     assert generic.predicted["engine"]["max_seqs"] == 1 and generic.comparison["ttft_s.mean"].ratio < 0.5
+
+
+def test_without_an_engine_the_replay_runs_the_one_the_server_metrics_name():
+    """A vLLM server (its /metrics) is replayed on vLLM's profile unless --engine names one; an engine that does not
+    run on the hardware, or a server whose metrics name none, gets the generic scheduler."""
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import server_profile
+
+    run = simulate("llama-3.1-8b", "h100-sxm", engine="vllm", concurrency=8, requests=24, prompt_tokens=300,
+                   output_tokens=32, seed=2)
+    measured = run.summary.model_copy(update={"server": ServerMetrics(engine="vllm")})
+    block = replay_for(measured, run.records, hardware="h100-sxm", served_model=None, estimate_model="llama-3.1-8b")
+    assert block.inputs["engine_from_server"] == 1 and block.predicted["engine"]["engine"] == "vllm"
+    for label, row in block.comparison.items():
+        if row.ratio is not None:
+            assert row.ratio == pytest.approx(1.0, rel=1e-6), label
+    named = replay_for(measured, run.records, hardware="h100-sxm", served_model=None, estimate_model="llama-3.1-8b",
+                       profile="sglang")
+    assert "engine_from_server" not in named.inputs and named.predicted["engine"]["engine"] == "sglang"
+    assert server_profile(ServerMetrics(engine="vllm"), "amd-ryzen-9-7950x") is None  # vLLM's profile: GPUs only
+    assert server_profile(ServerMetrics(engine="llamacpp"), "amd-ryzen-9-7950x") == "llama-cpp"
+    assert server_profile(ServerMetrics(engine="tgi"), "h100-sxm") is None and server_profile(None, "h100-sxm") is None

@@ -3,7 +3,9 @@ measured/predicted ratios (> 1 means slower than predicted for latencies, faster
 
 `replay_for` (what bench uses): the serving simulator runs exactly the workload bench sent (each request's prompt and
 output tokens; the concurrency, or the measured send times) and every metric and percentile is compared. Where the
-server's /metrics said how large a KV cache it allocated (vLLM, SGLang), the simulated engine gets that cache.
+server's /metrics said how large a KV cache it allocated (vLLM, SGLang), the simulated engine gets that cache, and
+llama-server's slots (its /props) cap the simulated batch; the deployment (engine profile, TP, weights) is the
+caller's, else the profile of the engine the metrics name (`server_profile`).
 
 `estimate_for` (the static estimate, kept for the API): the workload maps onto `estimate()` as: batch = the concurrency (closed loop) or the measured mean number of requests
 in flight (open loop, Little's law), prompt = mean prompt tokens, output = mean output tokens.
@@ -79,13 +81,15 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
                weights: str | None = None) -> PredictionBlock:
     """Simulate the workload this run sent and return the summary's prediction block (``method="simulate"``).
     ``engine``: the replay's scheduler spec (`parse_engine_spec`); ``profile``, ``tp``, ``weights``: the deployment
-    the server ran (an engines.toml profile: its step costs and scheduler defaults), as `simulate` takes them."""
+    the server ran (an engines.toml profile: its step costs and scheduler defaults), as `simulate` takes them; without
+    a profile, the one of the engine the server's /metrics came from (`server_profile`)."""
     from speedlimit.simulator import replay
 
     architecture = _architecture(served_model, estimate_model)
     # the shared prefixes it sent (bench's endpoint block; a simulated run's engine block)
     sent = ((summary.endpoint or {}).get("workload") or (summary.engine or {}).get("workload") or {})
     engine, server_kv, server_slots = with_server_engine(engine, summary.server)
+    detected = profile is None and (profile := server_profile(summary.server, hardware)) is not None
     simulated = replay(records, summary.offered_load, architecture, hardware, engine, summary.slo,
                        prefix_tokens=int(sent.get("prefix_tokens") or 0),
                        prefix_groups=int(sent.get("prefix_groups") or 1),
@@ -111,6 +115,8 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
         inputs["max_seqs_from_server"] = server_slots
     if tp != 1:
         inputs["tp"] = float(tp)
+    if detected:
+        inputs["engine_from_server"] = 1.0
     from speedlimit.estimator import estimate
 
     # the static estimate's fields stay in the block (calibrate fits decode points from them)
@@ -146,6 +152,26 @@ def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tupl
     if not options:
         return engine, None, None
     return ",".join([engine, *options] if engine else options), taken_kv, taken_slots
+
+
+#: The engine profile each engine that /metrics names runs as (its late-2025 profile: the metrics say which engine,
+#: not which version).
+SERVER_PROFILES = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama-cpp"}
+
+
+def server_profile(server: ServerMetrics | None, hardware: str) -> str | None:
+    """The engine profile a replay runs when none is named: the one of the engine the server's /metrics came from,
+    where that engine runs on the hardware's kind and the hardware is no calibrated profile with an engine of its
+    own; else None (a generic continuous scheduler on the default engine's step costs)."""
+    from speedlimit.catalog import catalog_engine, resolve_hardware
+
+    key = SERVER_PROFILES.get(server.engine) if server is not None else None
+    if key is None:
+        return None
+    device = resolve_hardware(hardware)
+    if getattr(device, "engine", None) or device.kind not in catalog_engine(key).devices:
+        return None
+    return key
 
 
 def _architecture(served_model: str | None, estimate_model: str | None):

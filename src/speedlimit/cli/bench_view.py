@@ -104,7 +104,11 @@ def checks_table(summary: RunSummary) -> Table | None:
 
 
 def estimate_table(block: PredictionBlock) -> Table:
-    inputs = ", ".join(f"{k} {v:g}" for k, v in block.inputs.items())
+    inputs = ", ".join(f"{k} {v:g}" for k, v in block.inputs.items() if k != "engine_from_server")
+    engine = (block.predicted.get("engine") or {}) if isinstance(block.predicted, dict) else {}
+    name = engine.get("engine") if isinstance(engine, dict) else None
+    if isinstance(name, str):  # the profile the replay ran (a catalog key), and why
+        inputs += f", engine {name}" + (" (the server's, from its /metrics)" if "engine_from_server" in block.inputs else "")
     table = Table(title=Text(f"vs {block.method}: {block.model} on {block.hardware} ({inputs})"), title_justify="left")
     for column in ("metric", "measured", "predicted", "measured/predicted"):
         table.add_column(column, justify="right" if column != "metric" else "left")
