@@ -454,9 +454,11 @@ class MetricsScraper:
             async with self.session.get(url, headers=self.headers, timeout=timeout) as response:
                 if response.status != 200:
                     return
-                raw = await response.content.read(PROPS_MAX_BYTES + 1)
-            if len(raw) > PROPS_MAX_BYTES:
-                return
+                raw = bytearray()
+                async for chunk in response.content.iter_chunked(1 << 16):  # to the end, within the limit
+                    raw += chunk
+                    if len(raw) > PROPS_MAX_BYTES:
+                        return
             self.slots = llamacpp_slots(json.loads(raw.decode("utf-8", errors="replace")))
         except (asyncio.TimeoutError, TimeoutError, aiohttp.ClientError, OSError, ValueError, RecursionError):
             return
