@@ -311,6 +311,7 @@ class ServerMetrics(BaseModel):
     behind it are in the run directory's server_metrics.jsonl."""
 
     engine: str = "unknown"  # vllm | sglang | tgi | llamacpp | unknown (from the metric names' prefix)
+    version: str | None = None  # the engine's version as its server reports it (vLLM's /version, SGLang's server info)
     url: str = ""
     scrapes: int = 0
     interval_s: float | None = None

@@ -108,6 +108,9 @@ class EngineProfile(BaseModel):
     # the profile this engine runs as on AMD GPUs (its ROCm build runs other kernels), where the catalog has one;
     # not inherited: a profile names its own
     rocm_profile: str | None = None
+    # the versions of the engine, as its server reports them (prefixes of vLLM's /version, SGLang's
+    # /get_server_info), that this profile describes: a bench replay of such a server runs it; not inherited
+    server_versions: list[str] = Field(default_factory=list)
     # scheduler
     mode: Sourced
     max_seqs: Sourced

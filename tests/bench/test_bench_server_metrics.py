@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from speedlimit.bench.server_metrics import (MetricsScraper, NotPrometheus, Scrape, detect_engine, histogram_quantile,
-                                             llamacpp_slots, load_series, parse_metrics, props_url, summarize_server)
+                                             beside_metrics, llamacpp_slots, load_series, parse_metrics, server_version,
+                                             summarize_server)
 
 # vLLM V1 as `curl /metrics` prints it (prometheus_client's exposition: float values, _created samples, labels).
 VLLM_BEFORE = """\
@@ -453,7 +454,16 @@ def test_any_props_answer_gives_whole_positive_slots_or_none(props):
     ("http://h:1/stats", None),
 ])
 def test_props_sit_beside_the_metrics_endpoint(metrics, props):
-    assert props_url(metrics) == props
+    assert beside_metrics(metrics, "/props") == props
+
+
+@pytest.mark.parametrize("answer, version", [
+    ({"version": "0.7.3.dev138+g21f6ca217"}, "0.7.3.dev138+g21f6ca217"), ({"version": "0.5.3.post3", "tp_size": 8}, "0.5.3.post3"),
+    ({"version": "<script>alert(1)</script>"}, None), ({"version": "1" * 41}, None), ({"version": ""}, None),
+    ({"version": 7}, None), ({"version": "٣.1"}, None), ({"version": "0.7\n"}, None), (["0.7"], None), (None, None),
+])
+def test_a_server_version_is_kept_only_as_a_plain_version_string(answer, version):
+    assert server_version(answer) == version
 
 
 class _LlamaServerApp:
@@ -565,3 +575,85 @@ def test_the_summary_shows_llama_servers_slots():
     assert rows["  slots"] == "4 (1,024-token context each)"
     assert dict(server_lines(ServerMetrics(engine="llamacpp", url="u", scrapes=2, slots=2)))["  slots"] == "2"
     assert "  slots" not in dict(server_lines(ServerMetrics(engine="vllm", url="u", scrapes=2)))
+
+
+class _VersionedApp:
+    """A fake vLLM or SGLang (for the fault paths and the mapping; no real one runs here): their /metrics, and the
+    version endpoint each has (vLLM's /version, SGLang's /get_server_info) doing what `behaviour` says."""
+
+    def __init__(self, engine: str, behaviour: str, version: str) -> None:
+        self.engine, self.behaviour, self.version = engine, behaviour, version
+        self.hits = 0
+
+    async def metrics(self, request):
+        from aiohttp import web
+
+        text = VLLM_BEFORE if self.engine == "vllm" else fill(SGLANG, prompt=1, gen=1, cached=0, tsum=1.0, b1=1, b2=1)
+        return web.Response(text=text, content_type="text/plain")
+
+    async def version_endpoint(self, request):
+        from aiohttp import web
+
+        self.hits += 1
+        if self.behaviour == "404":
+            return web.Response(status=404)
+        if self.behaviour == "hang":
+            await asyncio.sleep(2)
+        if self.behaviour == "garbage":
+            return web.Response(text="{not json")
+        body = {"version": self.version}
+        if self.engine == "sglang":
+            body |= {"tp_size": 8, "enable_dp_attention": True, "max_total_num_tokens": 161721}
+        return web.json_response(body)
+
+
+async def _scrape_versioned(engine: str, behaviour: str, version: str):
+    from aiohttp import web
+
+    state = _VersionedApp(engine, behaviour, version)
+    app = web.Application()
+    app.router.add_get("/metrics", state.metrics)
+    app.router.add_get("/version" if engine == "vllm" else "/get_server_info", state.version_endpoint)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            scraper = MetricsScraper(session, f"http://127.0.0.1:{port}/metrics", interval_s=0.05, timeout_s=0.3)
+            await scraper.start()
+            await asyncio.sleep(0.1)
+            await scraper.finish()
+            return scraper, state
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("engine, behaviour, version, kept", [
+    ("vllm", "ok", "0.7.3", "0.7.3"), ("sglang", "ok", "0.4.3.post2", "0.4.3.post2"), ("vllm", "404", "0.7.3", None),
+    ("sglang", "hang", "0.5.3", None), ("vllm", "garbage", "0.7.3", None), ("vllm", "ok", "0.7.3 <b>", None),
+])
+def test_the_scraper_reads_the_engines_version_once_and_a_bad_answer_costs_nothing(engine, behaviour, version, kept):
+    scraper, state = asyncio.run(_scrape_versioned(engine, behaviour, version))
+    block = scraper.summary()
+    assert state.hits == 1 and scraper.warning is None and block.engine == engine and block.version == kept
+    assert block.scrapes >= 2  # the run's scrapes went on
+
+
+def test_a_replay_runs_the_profile_of_the_version_the_server_reported():
+    """vLLM 0.7.x and SGLang 0.4.1-0.4.3 servers replay on their versioned profiles (engines.toml server_versions);
+    other versions, or none, on the engine's latest; on an AMD GPU the versioned profile's ROCm build."""
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import server_profile
+    from speedlimit.bench.describe import server_lines
+    from speedlimit.catalog import engine_for_server
+
+    assert engine_for_server("vllm", "0.7.3.dev138+g21f6ca217") == "vllm-0.7"
+    assert engine_for_server("vllm", "0.11.0") == engine_for_server("vllm", None) == "vllm"
+    assert engine_for_server("sglang", "0.4.3.post2") == "sglang-0.4" and engine_for_server("sglang", "0.5.3") == "sglang"
+    assert engine_for_server("llama-cpp", "0.7.3") == "llama-cpp"  # another engine's versioned profile is not its own
+    assert server_profile(ServerMetrics(engine="vllm", version="0.7.4.dev181"), "h200") == "vllm-0.7"
+    assert server_profile(ServerMetrics(engine="sglang", version="0.4.3"), "h200") == "sglang-0.4"
+    rows = dict(server_lines(ServerMetrics(engine="vllm", version="0.7.3", url="u", scrapes=2, interval_s=1)))
+    assert rows["server metrics"].startswith("vllm 0.7.3 at u")

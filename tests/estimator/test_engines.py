@@ -62,7 +62,8 @@ def test_raw_file_gives_every_value_as_a_sourced_table() -> None:
     from importlib import resources
 
     raw = tomllib.loads(resources.files("speedlimit.catalog").joinpath("engines.toml").read_text(encoding="utf-8"))
-    metadata = {"name", "aliases", "version", "homepage", "devices", "inherits", "rocm_profile"}
+    metadata = {"name", "aliases", "version", "homepage", "devices", "inherits", "rocm_profile",
+                "server_versions"}
     for key, entry in raw.items():
         for field, value in entry.items():
             if field not in metadata:

@@ -154,20 +154,22 @@ def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tupl
     return ",".join([engine, *options] if engine else options), taken_kv, taken_slots
 
 
-#: The engine profile each engine that /metrics names runs as (its late-2025 profile: the metrics say which engine,
-#: not which version).
+#: The engine profile each engine that /metrics names runs as: its latest profile, or the versioned one whose
+#: ``server_versions`` match the version its server reported (engines.toml).
 SERVER_PROFILES = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama-cpp"}
 
 
 def server_profile(server: ServerMetrics | None, hardware: str) -> str | None:
-    """The engine profile a replay runs when none is named: the one of the engine the server's /metrics came from,
-    where that engine runs on the hardware's kind and the hardware is no calibrated profile with an engine of its
-    own; else None (a generic continuous scheduler on the default engine's step costs)."""
-    from speedlimit.catalog import catalog_engine, resolve_hardware
+    """The engine profile a replay runs when none is named: the one of the engine the server's /metrics came from
+    (at the version it reported, `engine_for_server`), where that engine runs on the hardware's kind and the hardware
+    is no calibrated profile with an engine of its own; else None (a generic continuous scheduler on the default
+    engine's step costs)."""
+    from speedlimit.catalog import catalog_engine, engine_for_server, resolve_hardware
 
     key = SERVER_PROFILES.get(server.engine) if server is not None else None
     if key is None:
         return None
+    key = engine_for_server(key, server.version)
     device = resolve_hardware(hardware)
     if getattr(device, "engine", None) or device.kind not in catalog_engine(key).devices:
         return None

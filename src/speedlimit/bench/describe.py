@@ -54,8 +54,8 @@ def self_check_lines(checks: SelfChecks) -> list[tuple[str, str]]:
 
 def server_lines(server: ServerMetrics) -> list[tuple[str, str]]:
     """The server's own view (its /metrics) as (name, text) rows."""
-    rows = [("server metrics", f"{server.engine} at {server.url}: {server.scrapes} scrapes every "
-                               f"{server.interval_s or 0:g} s")]
+    engine = f"{server.engine} {server.version}" if server.version else server.engine
+    rows = [("server metrics", f"{engine} at {server.url}: {server.scrapes} scrapes every {server.interval_s or 0:g} s")]
     for label, gauge, scale, unit in (("running", server.running, 1, ""), ("waiting", server.waiting, 1, ""),
                                       ("KV cache", server.kv_cache_usage, 100, "%")):
         if gauge is not None:

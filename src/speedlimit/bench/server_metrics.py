@@ -31,6 +31,10 @@ Metric names (checked against each project's docs and source, Dec 2026):
   slot's context): read once before the run (`llamacpp_slots`). One slot's context times the slots is not its KV
   cache when the cache is unified (``--kv-unified``, where every slot reports the whole pool), so no capacity is
   derived from them.
+
+The engine's version is read once before the run where its server says it: vLLM's ``GET /version`` (``{"version":
+...}``, vllm/entrypoints/openai/api_server.py ``show_version``) and SGLang's ``GET /get_server_info`` (its server
+arguments and ``"version"``, sglang/srt/entrypoints/http_server.py in the 0.4.3.post2 and 0.5.3.post3 wheels).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,11 +180,24 @@ def parse_metrics(text: str) -> dict[str, float]:
     return {k: (v / counts[k] if k in FRACTION_GAUGES else v) for k, v in sums.items()}
 
 
-#: The most of llama-server's /props answer read (it carries the chat template; a real one is a few kB).
+#: The most of a JSON answer beside /metrics read (llama-server's /props carries the chat template, SGLang's server
+#: info its arguments: a real one is a few kB).
 PROPS_MAX_BYTES = 1 << 20
 #: Largest slot count and slot context believed from /props (a real server's are far below).
 MAX_SLOTS = 1_000_000
 MAX_SLOT_CONTEXT_TOKENS = 10**9
+
+
+#: Where each engine's server says its version, beside /metrics.
+VERSION_PATHS = {"vllm": "/version", "sglang": "/get_server_info"}
+#: A version is kept only as up to 40 characters of ASCII letters, digits and . + - _ (it comes from the server).
+VERSION_PATTERN = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,39}")
+
+
+def server_version(answer: Any) -> str | None:
+    """The ``version`` of a server's JSON answer, where it is a plain version string (`VERSION_PATTERN`)."""
+    version = answer.get("version") if isinstance(answer, dict) else None
+    return version if isinstance(version, str) and VERSION_PATTERN.fullmatch(version) else None
 
 
 def llamacpp_slots(props: Any) -> tuple[int | None, int | None]:
@@ -199,15 +217,15 @@ def _whole_count(value: Any, high: int) -> int | None:
     return value
 
 
-def props_url(metrics_url: str) -> str | None:
-    """llama-server's /props beside a /metrics URL (None when the URL does not end in /metrics)."""
+def beside_metrics(metrics_url: str, path: str) -> str | None:
+    """The URL of ``path`` (``/props``, ``/version``) beside a /metrics URL (None when it does not end in /metrics)."""
     try:
         parts = urlsplit(metrics_url)
     except ValueError:
         return None
     if not parts.path.endswith("/metrics"):
         return None
-    return urlunsplit((parts.scheme, parts.netloc, parts.path.removesuffix("/metrics") + "/props", "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.removesuffix("/metrics") + path, "", ""))
 
 
 def detect_engine(samples: dict[str, float]) -> str:
@@ -293,12 +311,12 @@ def _histogram(before: dict[str, float], after: dict[str, float], family: str) -
 
 
 def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, failures: int = 0,
-                     slots: tuple[int | None, int | None] = (None, None)) -> ServerMetrics:
-    """The server-side block of a run from its scrapes (the first one before the run, the last one after it) and,
-    for llama-server, its slots and slot context (`llamacpp_slots`)."""
+                     slots: tuple[int | None, int | None] = (None, None), version: str | None = None) -> ServerMetrics:
+    """The server-side block of a run from its scrapes (the first one before the run, the last one after it), the
+    engine's version where its server said it, and, for llama-server, its slots and slot context (`llamacpp_slots`)."""
     engine = next((detect_engine(s.samples) for s in scrapes if s.samples), "unknown")
-    block = ServerMetrics(engine=engine, url=url, scrapes=len(scrapes), interval_s=interval_s, failures=failures,
-                          slots=slots[0], slot_context_tokens=slots[1])
+    block = ServerMetrics(engine=engine, version=version, url=url, scrapes=len(scrapes), interval_s=interval_s,
+                          failures=failures, slots=slots[0], slot_context_tokens=slots[1])
     if len(scrapes) < 2:
         return block
     before, after = scrapes[0].samples, scrapes[-1].samples
@@ -370,6 +388,7 @@ class MetricsScraper:
     note: str | None = None  # the server has no metrics endpoint (404 before the run): nothing to scrape
     failures: int = 0
     slots: tuple[int | None, int | None] = (None, None)  # llama-server's (slots, slot context), from /props
+    version: str | None = None  # the engine's version, where its server says it (`VERSION_PATHS`)
     _t0_ns: int = 0
     _task: asyncio.Task | None = None
     _file: Any = None
@@ -439,29 +458,33 @@ class MetricsScraper:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("w", encoding="utf-8")
         if await self.scrape("before"):
-            if detect_engine(self.scrapes[0].samples) == "llamacpp":
-                await self.read_props()
+            engine = detect_engine(self.scrapes[0].samples)
+            if engine == "llamacpp":
+                self.slots = llamacpp_slots(await self.read_json("/props"))
+            if engine in VERSION_PATHS:
+                self.version = server_version(await self.read_json(VERSION_PATHS[engine]))
             self._task = asyncio.create_task(self._loop())
 
-    async def read_props(self) -> None:
-        """llama-server's slots and slot context from its /props, once. They only inform a replay of the run, so any
-        failure (no such endpoint, a hang, no JSON, absurd values) leaves them unknown, without a warning."""
-        url = props_url(self.url)
+    async def read_json(self, path: str) -> Any:
+        """The JSON answer of ``path`` beside /metrics (llama-server's /props, an engine's version), once. What it
+        says only informs a replay of the run, so any failure (no such endpoint, a hang, no JSON, more than
+        `PROPS_MAX_BYTES`) gives None, without a warning."""
+        url = beside_metrics(self.url, path)
         if url is None:
-            return
+            return None
         timeout = aiohttp.ClientTimeout(total=self.effective_timeout_s)
         try:
             async with self.session.get(url, headers=self.headers, timeout=timeout) as response:
                 if response.status != 200:
-                    return
+                    return None
                 raw = bytearray()
                 async for chunk in response.content.iter_chunked(1 << 16):  # to the end, within the limit
                     raw += chunk
                     if len(raw) > PROPS_MAX_BYTES:
-                        return
-            self.slots = llamacpp_slots(json.loads(raw.decode("utf-8", errors="replace")))
+                        return None
+            return json.loads(raw.decode("utf-8", errors="replace"))
         except (asyncio.TimeoutError, TimeoutError, aiohttp.ClientError, OSError, ValueError, RecursionError):
-            return
+            return None
 
     def abort(self) -> None:
         """Stop without the scrape after (the run was cancelled); what was scraped stays on disk."""
@@ -495,7 +518,7 @@ class MetricsScraper:
         if not self.scrapes:
             return None
         return summarize_server(self.scrapes, url=self.url, interval_s=self.interval_s, failures=self.failures,
-                                slots=self.slots)
+                                slots=self.slots, version=self.version)
 
 
 def load_series(path: Path) -> list[dict[str, Any]]:

@@ -279,7 +279,8 @@ def engine_entries() -> dict[str, dict[str, Any]]:
             entry = raw[key]
             parent = entry.get("inherits")
             base = ({k: v for k, v in resolved(parent, (*seen, key)).items()
-                     if k not in ("aliases", "name", "version", "devices", "inherits", "rocm_profile")} if parent else {})
+                     if k not in ("aliases", "name", "version", "devices", "inherits", "rocm_profile", "server_versions")}
+                    if parent else {})
             merged[key] = {**base, **entry}
         return merged[key]
 
@@ -317,6 +318,26 @@ def resolve_engine(text: str | EngineProfile | None, *, what: str = "--engine") 
         return catalog_engine(key)
     raise SpeedlimitError(f"unknown {what} {str(text)[:80]!r}{did_you_mean(_normalize(str(text)), _engine_aliases())}; "
                           f"known engines: {', '.join(engine_names())}")
+
+
+def engine_for_server(engine: str, version: str | None) -> str:
+    """The profile a server of ``engine`` (a profile key) runs as when it reports ``version``: the profile descending
+    from ``engine`` whose ``server_versions`` holds a prefix of it, else ``engine``'s own."""
+    if version:
+        for key, entry in engine_entries().items():
+            if _descends(key, engine) and any(version.startswith(p) for p in entry.get("server_versions", ())):
+                return key
+    return engine
+
+
+def _descends(key: str, ancestor: str) -> bool:
+    entries = engine_entries()
+    seen = 0
+    while key is not None and seen <= len(entries):
+        if key == ancestor:
+            return True
+        key, seen = entries[key].get("inherits"), seen + 1
+    return False
 
 
 def engine_record(profile: EngineProfile) -> dict[str, Any]:
