@@ -293,12 +293,13 @@ class _MetricsApp:
         return web.Response(text=VLLM_BEFORE, content_type="text/plain")
 
 
-async def _scrape_with(behaviour: str, tmp_path, run_s: float = 0.25):
+async def scrape_routes(routes: dict, *, run_s: float = 0.25, path=None):
+    """Serve ``routes`` (path -> aiohttp handler) on 127.0.0.1 and run a scraper of its /metrics for ``run_s``."""
     from aiohttp import web
 
-    app_state = _MetricsApp(behaviour)
     app = web.Application()
-    app.router.add_get("/metrics", app_state.handle)
+    for route, handler in routes.items():
+        app.router.add_get(route, handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -306,14 +307,19 @@ async def _scrape_with(behaviour: str, tmp_path, run_s: float = 0.25):
     port = site._server.sockets[0].getsockname()[1]
     try:
         async with aiohttp.ClientSession() as session:
-            scraper = MetricsScraper(session, f"http://127.0.0.1:{port}/metrics", interval_s=0.05,
-                                     path=tmp_path / "server_metrics.jsonl", timeout_s=0.3)
+            scraper = MetricsScraper(session, f"http://127.0.0.1:{port}/metrics", interval_s=0.05, path=path,
+                                     timeout_s=0.3)
             await scraper.start()
             await asyncio.sleep(run_s)
             await scraper.finish()
             return scraper
     finally:
         await runner.cleanup()
+
+
+async def _scrape_with(behaviour: str, tmp_path, run_s: float = 0.25):
+    app_state = _MetricsApp(behaviour)
+    return await scrape_routes({"/metrics": app_state.handle}, run_s=run_s, path=tmp_path / "server_metrics.jsonl")
 
 
 @pytest.mark.parametrize("behaviour, why", [("garbage", "no Prometheus metrics"),
@@ -495,27 +501,10 @@ class _LlamaServerApp:
 
 
 async def _scrape_llama_server(behaviour: str, tmp_path):
-    from aiohttp import web
-
     state = _LlamaServerApp(behaviour)
-    app = web.Application()
-    app.router.add_get("/metrics", state.metrics)
-    app.router.add_get("/props", state.props)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        async with aiohttp.ClientSession() as session:
-            scraper = MetricsScraper(session, f"http://127.0.0.1:{port}/metrics", interval_s=0.05,
-                                     path=tmp_path / "server_metrics.jsonl", timeout_s=0.3)
-            await scraper.start()
-            await asyncio.sleep(0.15)
-            await scraper.finish()
-            return scraper, state
-    finally:
-        await runner.cleanup()
+    scraper = await scrape_routes({"/metrics": state.metrics, "/props": state.props}, run_s=0.15,
+                                  path=tmp_path / "server_metrics.jsonl")
+    return scraper, state
 
 
 @pytest.mark.parametrize("behaviour", ["ok", "404", "hang", "garbage", "huge"])
@@ -543,22 +532,8 @@ async def _scrape_with_props_counted():
     async def metrics(request):
         return web.Response(text=VLLM_BEFORE, content_type="text/plain")
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/props", props)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        async with aiohttp.ClientSession() as session:
-            scraper = MetricsScraper(session, f"http://127.0.0.1:{port}/metrics", interval_s=0.05, timeout_s=0.3)
-            await scraper.start()
-            await scraper.finish()
-            assert scraper.summary().slots is None
-    finally:
-        await runner.cleanup()
+    scraper = await scrape_routes({"/metrics": metrics, "/props": props}, run_s=0.0)
+    assert scraper.summary().slots is None
     return len(hits)
 
 
@@ -608,26 +583,10 @@ class _VersionedApp:
 
 
 async def _scrape_versioned(engine: str, behaviour: str, version: str):
-    from aiohttp import web
-
     state = _VersionedApp(engine, behaviour, version)
-    app = web.Application()
-    app.router.add_get("/metrics", state.metrics)
-    app.router.add_get("/version" if engine == "vllm" else "/get_server_info", state.version_endpoint)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        async with aiohttp.ClientSession() as session:
-            scraper = MetricsScraper(session, f"http://127.0.0.1:{port}/metrics", interval_s=0.05, timeout_s=0.3)
-            await scraper.start()
-            await asyncio.sleep(0.1)
-            await scraper.finish()
-            return scraper, state
-    finally:
-        await runner.cleanup()
+    path = "/version" if engine == "vllm" else "/get_server_info"
+    scraper = await scrape_routes({"/metrics": state.metrics, path: state.version_endpoint}, run_s=0.1)
+    return scraper, state
 
 
 @pytest.mark.parametrize("engine, behaviour, version, kept", [

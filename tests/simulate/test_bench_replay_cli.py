@@ -11,15 +11,12 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from faulty_server import FaultyOpenAIServer  # noqa: E402
 
 
-def test_bench_sweep_compare_estimate_replays_every_point(tmp_path, capsys):
+def bench_against_the_fake_server(flags: list[str], capsys) -> tuple[int, str]:
+    """speedlimit's console entry point, `bench --url <the fake server> FLAGS`: (exit code, stdout)."""
     from speedlimit import cli
 
     with FaultyOpenAIServer() as server:
-        argv = ["speedlimit", "bench", "--url", server.url("ok"), "--sweep", "concurrency=1,4", "--requests", "8",
-                "--output-tokens", "5", "--out", str(tmp_path), "--json", "--no-progress", "--compare-estimate",
-                "--hardware", "h100-sxm", "--estimate-model", "smollm2-135m", "--replay-engine",
-                "continuous,max_seqs=4"]
-        old, sys.argv = sys.argv, argv
+        old, sys.argv = sys.argv, ["speedlimit", "bench", "--url", server.url("ok"), *flags]
         try:
             cli.main()
             code = 0
@@ -27,7 +24,14 @@ def test_bench_sweep_compare_estimate_replays_every_point(tmp_path, capsys):
             code = exit_.code or 0
         finally:
             sys.argv = old
-    out = capsys.readouterr().out
+    return code, capsys.readouterr().out
+
+
+def test_bench_sweep_compare_estimate_replays_every_point(tmp_path, capsys):
+    code, out = bench_against_the_fake_server(
+        ["--sweep", "concurrency=1,4", "--requests", "8", "--output-tokens", "5", "--out", str(tmp_path), "--json",
+         "--no-progress", "--compare-estimate", "--hardware", "h100-sxm", "--estimate-model", "smollm2-135m",
+         "--replay-engine", "continuous,max_seqs=4"], capsys)
     assert code == 0
     summary = json.loads(out)
     for point in summary["points"]:
@@ -42,22 +46,10 @@ def test_bench_sweep_compare_estimate_replays_every_point(tmp_path, capsys):
 
 def test_bench_compare_estimate_replays_the_deployment_named(tmp_path, capsys):
     """--engine / --tp / --weights describe the server the replay simulates: they reach the replay's engine block."""
-    from speedlimit import cli
-
-    with FaultyOpenAIServer() as server:
-        argv = ["speedlimit", "bench", "--url", server.url("ok"), "--concurrency", "2", "--requests", "4",
-                "--output-tokens", "5", "--out", str(tmp_path), "--json", "--no-progress", "--compare-estimate",
-                "--hardware", "h100-sxm", "--estimate-model", "llama-3.1-70b", "--engine", "vllm", "--tp", "4",
-                "--weights", "fp8"]
-        old, sys.argv = sys.argv, argv
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code or 0
-        finally:
-            sys.argv = old
-    out = capsys.readouterr().out
+    code, out = bench_against_the_fake_server(
+        ["--concurrency", "2", "--requests", "4", "--output-tokens", "5", "--out", str(tmp_path), "--json",
+         "--no-progress", "--compare-estimate", "--hardware", "h100-sxm", "--estimate-model", "llama-3.1-70b",
+         "--engine", "vllm", "--tp", "4", "--weights", "fp8"], capsys)
     assert code == 0
     block = json.loads(out)["estimate"]
     engine = block["predicted"]["engine"]
