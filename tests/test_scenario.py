@@ -88,8 +88,12 @@ def test_estimate_keeps_its_signature_and_equals_the_scenario_path() -> None:
 def test_resolve_gives_what_a_simulator_needs() -> None:
     resolved = resolve(scenario_from(model="llama-3.1-70b", hardware="h100-sxm", tp=4, weights="fp8"))
     assert resolved.arch.n_layers == 80 and resolved.device.key == "h100-sxm"
-    assert resolved.machine.tp == 4 and resolved.compute_dtype == "fp8" and resolved.weight_bits == 8
-    assert resolved.cost.total_weight_bytes == pytest.approx(resolved.arch.total_params)
+    assert resolved.machine.tp == 4 and resolved.compute_dtype == "fp8"
+    # fp8 as the engines run it: 1 byte a weight, but the embedding table and the untied LM head stay 16-bit
+    arch = resolved.arch
+    vocab = arch.embedding_params + arch.lm_head_params
+    assert resolved.cost.total_weight_bytes == pytest.approx(arch.total_params + vocab)
+    assert resolved.weight_bits == pytest.approx(8 * (arch.total_params + vocab) / arch.total_params)
     # the per-step overhead is the kind's fixed cost plus one launch per kernel the architecture runs
     efficiency = resolved.efficiency
     assert resolved.step_overhead_s == pytest.approx(efficiency.step_overhead_s + efficiency.kernel_overhead_s * resolved.arch.decode_kernels)
