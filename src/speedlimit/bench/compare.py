@@ -89,7 +89,10 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     # the shared prefixes it sent (bench's endpoint block; a simulated run's engine block)
     sent = ((summary.endpoint or {}).get("workload") or (summary.engine or {}).get("workload") or {})
     engine, server_kv, server_slots = with_server_engine(engine, summary.server)
-    detected = profile is None and (profile := server_profile(summary.server, hardware)) is not None
+    detected = False
+    if profile is None:  # the engine the server's /metrics name, at the version it reported
+        profile = server_profile(summary.server, hardware)
+        detected = profile is not None
     simulated = replay(records, summary.offered_load, architecture, hardware, engine, summary.slo,
                        prefix_tokens=int(sent.get("prefix_tokens") or 0),
                        prefix_groups=int(sent.get("prefix_groups") or 1),
