@@ -39,6 +39,13 @@ def test_table_output_for_people():
         assert text in out.output
 
 
+def test_the_table_says_what_an_fp8_model_keeps_in_16_bits():
+    out = runner.invoke(app, ["estimate", "-m", "qwen3-8b", "-H", "h100-sxm", "--weights", "fp8"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0 and "bits (fp8); embedding table and LM head 16-bit" in out.output
+    bf16 = runner.invoke(app, ["estimate", "-m", "qwen3-8b", "-H", "h100-sxm", "--weights", "bf16"])
+    assert "LM head 16-bit" not in bf16.output
+
+
 def test_config_json_input(tmp_path):
     config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False}  # fmt: skip

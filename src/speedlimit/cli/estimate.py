@@ -101,7 +101,8 @@ def estimate_table(result: Estimate) -> Table:
          + (f", {format_seconds(result.ttft_dequantize_s)} of it converting the weights to fp16" if result.ttft_dequantize_s else "")),
         ("end-to-end latency", format_seconds(result.e2e_s), "TTFT + (output − 1) × ITL"),
         ("aggregate throughput", f"{result.throughput_tok_s:,.1f} tok/s", f"batch {result.batch}"),
-        ("bytes streamed / token", format_bytes(result.bytes_per_token), escape(f"weights at {result.weight_bits:.3g} bits ({result.weights})")),
+        ("bytes streamed / token", format_bytes(result.bytes_per_token), escape(f"weights at {result.weight_bits:.3g} bits ({result.weights})")
+         + ("; embedding table and LM head 16-bit" if result.weights == "fp8" and result.weight_bits > 8 else "")),
         ("FLOPs / token", format_count(result.flops_per_token), f"intensity {result.arithmetic_intensity:,.1f} FLOP/byte"),
         ("regime", f"{result.regime}-bound", _critical(result)),
         ("parameters", format_count(result.total_params), f"active {format_count(result.active_params)}"),
