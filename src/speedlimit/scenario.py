@@ -74,7 +74,8 @@ class Scenario(BaseModel):
     memory: Annotated[float | None, Flag(("--memory",), text=True)] = Field(
         None, description="Custom hardware: memory capacity, bytes (80e9, 80GB).")
     weights: Annotated[str | float | None, Flag(("--weights",), text=True)] = Field(
-        None, description="Weight format: bits (16, 8, 4) or fp16/bf16/fp8/int8/int4/nf4/mxfp4/nvfp4/q4_0/q8_0/q4_k_m…, "
+        None, description="Weight format: bits (16, 8, 4) or fp16/bf16/fp8/int8/int4/nf4/mxfp4/nvfp4/q4_0/q8_0/q4_k_m… "
+                          "(fp8 as the engines run it: the embedding table and LM head stay 16-bit), "
                           "or one per tensor group: experts=mxfp4,attention=bf16,default=q4_k (groups: attention, dense, "
                           "experts, embeddings, lm_head, default); mxfp4_moe is llama.cpp's MXFP4 MoE file type (default: "
                           "a .gguf file's exact bytes, else the format the checkpoint ships in per its config's "
