@@ -312,6 +312,7 @@ class ServerMetrics(BaseModel):
 
     engine: str = "unknown"  # vllm | sglang | tgi | llamacpp | unknown (from the metric names' prefix)
     version: str | None = None  # the engine's version as its server reports it (vLLM's /version, SGLang's server info)
+    tp: int | None = None  # the tensor-parallel GPUs it runs on, where its server says so (SGLang's server info)
     url: str = ""
     scrapes: int = 0
     interval_s: float | None = None

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from speedlimit.bench.server_metrics import (MetricsScraper, NotPrometheus, Scrape, detect_engine, histogram_quantile,
                                              beside_metrics, llamacpp_slots, load_series, parse_metrics, server_version,
-                                             summarize_server)
+                                             sglang_tensor_parallel, summarize_server)
 
 # vLLM V1 as `curl /metrics` prints it (prometheus_client's exposition: float values, _created samples, labels).
 VLLM_BEFORE = """\
@@ -578,7 +578,8 @@ class _VersionedApp:
             return web.Response(text="{not json")
         body = {"version": self.version}
         if self.engine == "sglang":
-            body |= {"tp_size": 8, "enable_dp_attention": True, "max_total_num_tokens": 161721}
+            body |= {"tp_size": 8, "dp_size": 1, "enable_dp_attention": self.behaviour == "dp-attention",
+                     "max_total_num_tokens": 161721}
         return web.json_response(body)
 
 
@@ -598,6 +599,23 @@ def test_the_scraper_reads_the_engines_version_once_and_a_bad_answer_costs_nothi
     block = scraper.summary()
     assert state.hits == 1 and scraper.warning is None and block.engine == engine and block.version == kept
     assert block.scrapes >= 2  # the run's scrapes went on
+    assert block.tp == (8 if engine == "sglang" and behaviour == "ok" else None)  # SGLang's server info: tp_size
+
+
+def test_sglang_data_parallel_attention_gives_no_tensor_parallel_size():
+    scraper, _ = asyncio.run(_scrape_versioned("sglang", "dp-attention", "0.4.3.post2"))
+    assert scraper.summary().version == "0.4.3.post2" and scraper.summary().tp is None
+
+
+@pytest.mark.parametrize("info, tp", [
+    ({"tp_size": 8}, 8), ({"tp_size": 4, "dp_size": 1, "enable_dp_attention": False}, 4),
+    ({"tp_size": 8, "dp_size": 2}, None), ({"tp_size": 8, "enable_dp_attention": True}, None),
+    ({"tp_size": 8, "enable_dp_attention": "no"}, None), ({"tp_size": 8, "dp_size": True}, None),
+    ({"tp_size": True}, None), ({"tp_size": 0}, None), ({"tp_size": 8.0}, None), ({"tp_size": 10**6}, None),
+    ({"tp_size": "8"}, None), ([8], None), (None, None),
+])
+def test_sglang_server_info_gives_a_plain_tensor_parallel_size_or_none(info, tp):
+    assert sglang_tensor_parallel(info) == tp
 
 
 def test_a_replay_runs_the_profile_of_the_version_the_server_reported():

@@ -180,3 +180,21 @@ def test_without_an_engine_the_replay_runs_the_one_the_server_metrics_name():
     assert server_profile(ServerMetrics(engine="vllm"), "amd-ryzen-9-7950x") is None  # vLLM's profile: GPUs only
     assert server_profile(ServerMetrics(engine="llamacpp"), "amd-ryzen-9-7950x") == "llama-cpp"
     assert server_profile(ServerMetrics(engine="tgi"), "h100-sxm") is None and server_profile(None, "h100-sxm") is None
+
+
+def test_without_tp_the_replay_runs_the_tensor_parallel_size_the_server_reported():
+    """SGLang's server info says its tp_size: a replay without tp runs it (and says so); a tp given wins."""
+    from speedlimit.artifacts import ServerMetrics
+
+    run = simulate("llama-3.1-70b", "h100-sxm", engine="sglang", tp=2, concurrency=8, requests=16, prompt_tokens=300,
+                   output_tokens=24, seed=4)
+    measured = run.summary.model_copy(update={"server": ServerMetrics(engine="sglang", version="0.5.3", tp=2)})
+    block = replay_for(measured, run.records, hardware="h100-sxm", served_model=None, estimate_model="llama-3.1-70b")
+    assert block.inputs["tp"] == 2 and block.inputs["tp_from_server"] == 1
+    assert block.predicted["engine"]["engine"] == "sglang" and block.predicted["engine"]["tp"] == 2
+    for label, row in block.comparison.items():
+        if row.ratio is not None:
+            assert row.ratio == pytest.approx(1.0, rel=1e-6), label
+    given = replay_for(measured, run.records, hardware="h100-sxm", served_model=None, estimate_model="llama-3.1-70b",
+                       tp=4)
+    assert given.inputs["tp"] == 4 and "tp_from_server" not in given.inputs

@@ -77,18 +77,21 @@ def replay_figures(summary: RunSummary) -> dict[str, float | None]:
 
 
 def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str | None, estimate_model: str | None,
-               engine: str | None = None, profile: str | None = None, tp: int = 1,
+               engine: str | None = None, profile: str | None = None, tp: int | None = None,
                weights: str | None = None) -> PredictionBlock:
     """Simulate the workload this run sent and return the summary's prediction block (``method="simulate"``).
     ``engine``: the replay's scheduler spec (`parse_engine_spec`); ``profile``, ``tp``, ``weights``: the deployment
     the server ran (an engines.toml profile: its step costs and scheduler defaults), as `simulate` takes them; without
-    a profile, the one of the engine the server's /metrics came from (`server_profile`)."""
+    a profile, the one of the engine the server's /metrics came from (`server_profile`); without ``tp``, the
+    tensor-parallel size the server reported (SGLang), else 1."""
     from speedlimit.simulator import replay
 
     architecture = _architecture(served_model, estimate_model)
     # the shared prefixes it sent (bench's endpoint block; a simulated run's engine block)
     sent = ((summary.endpoint or {}).get("workload") or (summary.engine or {}).get("workload") or {})
     engine, server_kv, server_slots = with_server_engine(engine, summary.server)
+    tp_from_server = tp is None and summary.server is not None and summary.server.tp is not None
+    tp = (summary.server.tp if tp_from_server else tp) or 1
     detected = False
     if profile is None:  # the engine the server's /metrics name, at the version it reported
         profile = server_profile(summary.server, hardware)
@@ -118,6 +121,8 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
         inputs["max_seqs_from_server"] = server_slots
     if tp != 1:
         inputs["tp"] = float(tp)
+    if tp_from_server:
+        inputs["tp_from_server"] = 1.0
     if detected:
         inputs["engine_from_server"] = 1.0
     from speedlimit.estimator import estimate

@@ -34,7 +34,8 @@ Metric names (checked against each project's docs and source, Dec 2026):
 
 The engine's version is read once before the run where its server says it: vLLM's ``GET /version`` (``{"version":
 ...}``, vllm/entrypoints/openai/api_server.py ``show_version``) and SGLang's ``GET /get_server_info`` (its server
-arguments and ``"version"``, sglang/srt/entrypoints/http_server.py in the 0.4.3.post2 and 0.5.3.post3 wheels).
+arguments and ``"version"``, sglang/srt/entrypoints/http_server.py in the 0.4.3.post2 and 0.5.3.post3 wheels), which
+also gives SGLang's tensor-parallel size (``tp_size``, kept where it runs no data-parallel layout).
 """
 
 from __future__ import annotations
@@ -200,6 +201,21 @@ def server_version(answer: Any) -> str | None:
     return version if isinstance(version, str) and VERSION_PATTERN.fullmatch(version) else None
 
 
+#: The largest tensor-parallel size believed from a server's answer.
+MAX_SERVER_TP = 4096
+
+
+def sglang_tensor_parallel(info: Any) -> int | None:
+    """The tensor-parallel size of SGLang's ``/get_server_info`` answer (its server arguments ``tp_size``), where it
+    runs plain tensor parallelism: with data-parallel replicas or data-parallel attention (``dp_size`` > 1,
+    ``enable_dp_attention``) the layout is another one, and None."""
+    if not isinstance(info, dict):
+        return None
+    dp = info.get("dp_size")
+    plain = info.get("enable_dp_attention", False) is False and (dp is None or (type(dp) is int and dp == 1))
+    return _whole_count(info.get("tp_size"), MAX_SERVER_TP) if plain else None
+
+
 def llamacpp_slots(props: Any) -> tuple[int | None, int | None]:
     """(slots, tokens of context per slot) from llama-server's ``/props`` JSON, each None where the answer does not
     hold a whole number in range: the text comes from the server and nothing else in it is used."""
@@ -311,11 +327,12 @@ def _histogram(before: dict[str, float], after: dict[str, float], family: str) -
 
 
 def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, failures: int = 0,
-                     slots: tuple[int | None, int | None] = (None, None), version: str | None = None) -> ServerMetrics:
+                     slots: tuple[int | None, int | None] = (None, None), version: str | None = None,
+                     tp: int | None = None) -> ServerMetrics:
     """The server-side block of a run from its scrapes (the first one before the run, the last one after it), the
     engine's version where its server said it, and, for llama-server, its slots and slot context (`llamacpp_slots`)."""
     engine = next((detect_engine(s.samples) for s in scrapes if s.samples), "unknown")
-    block = ServerMetrics(engine=engine, version=version, url=url, scrapes=len(scrapes), interval_s=interval_s,
+    block = ServerMetrics(engine=engine, version=version, tp=tp, url=url, scrapes=len(scrapes), interval_s=interval_s,
                           failures=failures, slots=slots[0], slot_context_tokens=slots[1])
     if len(scrapes) < 2:
         return block
@@ -389,6 +406,7 @@ class MetricsScraper:
     failures: int = 0
     slots: tuple[int | None, int | None] = (None, None)  # llama-server's (slots, slot context), from /props
     version: str | None = None  # the engine's version, where its server says it (`VERSION_PATHS`)
+    tp: int | None = None  # its tensor-parallel size, where its server says it (`sglang_tensor_parallel`)
     _t0_ns: int = 0
     _task: asyncio.Task | None = None
     _file: Any = None
@@ -462,7 +480,10 @@ class MetricsScraper:
             if engine == "llamacpp":
                 self.slots = llamacpp_slots(await self.read_json("/props"))
             if engine in VERSION_PATHS:
-                self.version = server_version(await self.read_json(VERSION_PATHS[engine]))
+                answer = await self.read_json(VERSION_PATHS[engine])
+                self.version = server_version(answer)
+                if engine == "sglang":
+                    self.tp = sglang_tensor_parallel(answer)
             self._task = asyncio.create_task(self._loop())
 
     async def read_json(self, path: str) -> Any:
@@ -518,7 +539,7 @@ class MetricsScraper:
         if not self.scrapes:
             return None
         return summarize_server(self.scrapes, url=self.url, interval_s=self.interval_s, failures=self.failures,
-                                slots=self.slots, version=self.version)
+                                slots=self.slots, version=self.version, tp=self.tp)
 
 
 def load_series(path: Path) -> list[dict[str, Any]]:

@@ -109,7 +109,8 @@ def bench_command(
     engine: Optional[str] = typer.Option(None, help="Engine profile the --compare-estimate replay runs (speedlimit "
                                                     "engines: its step costs and scheduler defaults), e.g. vllm, "
                                                     "sglang, llama-server."),
-    tp: int = typer.Option(1, help="Tensor-parallel GPUs the server ran on, for --compare-estimate."),
+    tp: Optional[int] = typer.Option(None, help="Tensor-parallel GPUs the server ran on, for --compare-estimate "
+                                                "(default: what the server reports, SGLang's server info, else 1)."),
     weights: Optional[str] = typer.Option(None, help="Weight format the server ran, for --compare-estimate (as "
                                                      "estimate's --weights; default: as the checkpoint ships)."),
     estimate_model: Optional[str] = typer.Option(None, help="Catalog name or config.json/.gguf path for the "
@@ -149,9 +150,9 @@ def bench_command(
             from speedlimit.precision import parse_weights
 
             parse_weights(weights)
-    if not 1 <= tp <= MAX_TP:
+    if tp is not None and not 1 <= tp <= MAX_TP:
         raise SpeedlimitError(f"--tp must be a whole number of GPUs from 1 to {MAX_TP}, got {tp}")
-    if not compare_estimate and (engine is not None or tp != 1 or weights is not None or replay_engine is not None):
+    if not compare_estimate and (engine is not None or tp is not None or weights is not None or replay_engine is not None):
         raise SpeedlimitError("--engine, --tp, --weights and --replay-engine describe the server for "
                               "--compare-estimate: add --compare-estimate --hardware NAME")
     if not 0 < timeout < math.inf:

@@ -104,7 +104,12 @@ def checks_table(summary: RunSummary) -> Table | None:
 
 
 def estimate_table(block: PredictionBlock) -> Table:
-    inputs = ", ".join(f"{k} {v:g}" for k, v in block.inputs.items() if k != "engine_from_server")
+    parts = []
+    for key, value in block.inputs.items():
+        if key in ("engine_from_server", "tp_from_server"):  # flags saying where the next two came from
+            continue
+        parts.append(f"{key} {value:g}" + (" (the server's)" if key == "tp" and "tp_from_server" in block.inputs else ""))
+    inputs = ", ".join(parts)
     engine = (block.predicted.get("engine") or {}) if isinstance(block.predicted, dict) else {}
     name = engine.get("engine") if isinstance(engine, dict) else None
     if isinstance(name, str):  # the profile the replay ran (a catalog key), and why
