@@ -140,10 +140,15 @@ def _label_key(name: str, labels: dict[str, str]) -> str:
     return f'{name}{{le="{labels["le"]}"}}' if "le" in labels and name.endswith("_bucket") else name
 
 
+#: The largest whole number believed from a label (a cache of more blocks than this is no real server's).
+MAX_LABEL_COUNT = 10**15 - 1
+
+
 def _whole_label(labels: dict[str, str], key: str) -> float | None:
     """A label that holds a positive whole number (vLLM's cache_config_info: num_gpu_blocks, block_size), else None."""
     text = labels.get(key, "")
-    return float(text) if text.isascii() and text.isdigit() and 0 < int(text) < 10**15 else None
+    count = _whole_count(int(text), MAX_LABEL_COUNT) if text.isascii() and text.isdigit() else None
+    return float(count) if count is not None else None
 
 
 def _samples_of(name: str, labels: dict[str, str], value: float) -> list[tuple[str, float]]:
