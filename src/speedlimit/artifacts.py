@@ -312,7 +312,13 @@ class ServerMetrics(BaseModel):
 
     engine: str = "unknown"  # vllm | sglang | tgi | llamacpp | unknown (from the metric names' prefix)
     version: str | None = None  # the engine's version as its server reports it (vLLM's /version, SGLang's server info)
-    tp: int | None = None  # the tensor-parallel GPUs it runs on, where its server says so (SGLang's server info)
+    # how the server lays out and schedules the deployment, where it says so (SGLang's server info)
+    tp: int | None = None  # the tensor-parallel GPUs of one replica (with data-parallel attention: every GPU)
+    dp: int | None = None  # data-parallel replicas or attention ranks, where more than 1
+    dp_attention: bool | None = None  # the dp ranks run attention data-parallel, the MoE across every GPU
+    ep: int | None = None  # expert-parallel GPUs, where more than 1
+    batched_tokens: int | None = None  # the tokens one scheduler prefills a step (SGLang's chunked-prefill size)
+    max_running: int | None = None  # the cap on running requests the server was given
     url: str = ""
     scrapes: int = 0
     interval_s: float | None = None
@@ -321,7 +327,8 @@ class ServerMetrics(BaseModel):
     waiting: ServerGauge | None = None  # requests queued (llama.cpp: deferred)
     kv_cache_usage: ServerGauge | None = None  # fraction 0..1 of the KV cache in use
     prefix_cache_hit_rate: float | None = None  # vLLM: blocks hit/queried; SGLang, llama.cpp: cached prompt tokens
-    kv_capacity_tokens: float | None = None  # the KV cache the server allocated (vLLM: blocks x block size; SGLang)
+    kv_capacity_tokens: float | None = None  # the KV cache the server allocated (vLLM: blocks x block size; SGLang:
+    # one scheduler's token pool)
     kv_block_size: int | None = None  # vLLM: tokens per KV block
     slots: int | None = None  # llama-server: the sequences it runs at once (its /props total_slots, --parallel)
     slot_context_tokens: int | None = None  # llama-server: the context one slot holds (/props n_ctx)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from speedlimit.bench.server_metrics import (MetricsScraper, NotPrometheus, Scrape, detect_engine, histogram_quantile,
                                              beside_metrics, llamacpp_slots, load_series, parse_metrics, server_version,
-                                             sglang_tensor_parallel, summarize_server)
+                                             sglang_deployment, summarize_server)
 
 # vLLM V1 as `curl /metrics` prints it (prometheus_client's exposition: float values, _created samples, labels).
 VLLM_BEFORE = """\
@@ -578,7 +578,9 @@ class _VersionedApp:
             return web.Response(text="{not json")
         body = {"version": self.version}
         if self.engine == "sglang":
-            body |= {"tp_size": 8, "dp_size": 1, "enable_dp_attention": self.behaviour == "dp-attention",
+            attention = self.behaviour == "dp-attention"
+            body |= {"tp_size": 8, "dp_size": 8 if attention else 1, "enable_dp_attention": attention,
+                     "chunked_prefill_size": 4096, "max_running_requests": 64 if attention else None,
                      "max_total_num_tokens": 161721}
         return web.json_response(body)
 
@@ -602,20 +604,31 @@ def test_the_scraper_reads_the_engines_version_once_and_a_bad_answer_costs_nothi
     assert block.tp == (8 if engine == "sglang" and behaviour == "ok" else None)  # SGLang's server info: tp_size
 
 
-def test_sglang_data_parallel_attention_gives_no_tensor_parallel_size():
+def test_sglang_data_parallel_attention_is_recorded_with_its_layout():
+    from speedlimit.bench.describe import server_lines
+
     scraper, _ = asyncio.run(_scrape_versioned("sglang", "dp-attention", "0.4.3.post2"))
-    assert scraper.summary().version == "0.4.3.post2" and scraper.summary().tp is None
+    block = scraper.summary()
+    assert block.version == "0.4.3.post2" and (block.tp, block.dp, block.dp_attention) == (8, 8, True)
+    assert block.kv_capacity_tokens == 161721 and block.max_running is None  # one rank's pool; no cap under DPA
+    rows = dict(server_lines(block))
+    assert rows["  layout"] == "tp 8, dp 8, data-parallel attention" and rows["  scheduler"] == "4,096 tokens a prefill step"
 
 
-@pytest.mark.parametrize("info, tp", [
-    ({"tp_size": 8}, 8), ({"tp_size": 4, "dp_size": 1, "enable_dp_attention": False}, 4),
-    ({"tp_size": 8, "dp_size": 2}, None), ({"tp_size": 8, "enable_dp_attention": True}, None),
-    ({"tp_size": 8, "enable_dp_attention": "no"}, None), ({"tp_size": 8, "dp_size": True}, None),
-    ({"tp_size": True}, None), ({"tp_size": 0}, None), ({"tp_size": 8.0}, None), ({"tp_size": 10**6}, None),
-    ({"tp_size": "8"}, None), ([8], None), (None, None),
+@pytest.mark.parametrize("info, found", [
+    ({"tp_size": 8}, {"tp": 8}), ({"tp_size": 4, "dp_size": 1, "enable_dp_attention": False}, {"tp": 4}),
+    ({"tp_size": 2, "dp_size": 4}, {"tp": 2, "dp": 4}),
+    ({"tp_size": 8, "dp_size": 8, "enable_dp_attention": True, "chunked_prefill_size": 4096, "max_running_requests": 64},
+     {"tp": 8, "dp": 8, "dp_attention": True, "batched_tokens": 4096}),  # a cap under DPA is divided by the server
+    ({"tp_size": 8, "ep_size": 8, "chunked_prefill_size": -1, "max_running_requests": 64, "max_total_num_tokens": 9},
+     {"tp": 8, "ep": 8, "max_running": 64, "kv_tokens": 9}),  # -1: no chunked prefill, no budget taken
+    ({"tp_size": 8, "enable_dp_attention": "no"}, {"tp": 8}), ({"tp_size": 8, "dp_size": True}, {"tp": 8}),
+    ({"tp_size": True}, {}), ({"tp_size": 0}, {}), ({"tp_size": 8.0}, {}), ({"tp_size": 10**6}, {}),
+    ({"tp_size": "8"}, {}), ({"max_total_num_tokens": 10**13}, {}), ({"chunked_prefill_size": None}, {}),
+    ([8], {}), (None, {}),
 ])
-def test_sglang_server_info_gives_a_plain_tensor_parallel_size_or_none(info, tp):
-    assert sglang_tensor_parallel(info) == tp
+def test_sglang_server_info_gives_what_it_holds_in_range_and_nothing_else(info, found):
+    assert sglang_deployment(info) == found
 
 
 def test_a_replay_runs_the_profile_of_the_version_the_server_reported():

@@ -55,3 +55,15 @@ def test_bench_compare_estimate_replays_the_deployment_named(tmp_path, capsys):
     engine = block["predicted"]["engine"]
     assert (engine["engine"], engine["tp"], engine["weights"]) == ("vllm", 4, "fp8")
     assert block["inputs"]["tp"] == 4 and engine["max_seqs"] == 1024  # vLLM's scheduler, not the generic 256
+
+
+def test_bench_compare_estimate_replays_the_layout_named(tmp_path, capsys):
+    """--tp / --dp / --ep describe SGLang's data-parallel attention (8 ranks over one MoE): the replay runs it."""
+    code, out = bench_against_the_fake_server(
+        ["--concurrency", "2", "--requests", "4", "--output-tokens", "5", "--out", str(tmp_path), "--json",
+         "--no-progress", "--compare-estimate", "--hardware", "h200", "--estimate-model", "deepseek-v3",
+         "--engine", "sglang-0.4", "--tp", "1", "--dp", "8", "--ep", "8"], capsys)
+    assert code == 0
+    block = json.loads(out)["estimate"]
+    assert block["inputs"]["dp"] == 8 and block["inputs"]["ep"] == 8 and "tp" not in block["inputs"]
+    assert block["predicted"]["engine"]["engine"] == "sglang-0.4" and block["predicted"]["engine"]["dp"] == 8

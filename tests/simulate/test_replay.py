@@ -101,9 +101,10 @@ def test_the_replay_takes_the_kv_cache_the_server_reported_unless_the_spec_sets_
     assert "kv_tokens_from_server" not in blind.inputs
     assert blind.comparison["ttft_s.mean"].ratio != pytest.approx(1.0, rel=1e-3)
     # the user's own kv_tokens wins; no figure, no change
-    assert with_server_engine(spec + ",kv_tokens=999", server) == (spec + ",kv_tokens=999", None, None)
-    assert with_server_engine(spec, None) == (spec, None, None)
-    assert with_server_engine(None, server) == ("kv_tokens=2048,block_size=32", 2048.0, None)  # the engine's scheduler
+    assert with_server_engine(spec + ",kv_tokens=999", server) == (spec + ",kv_tokens=999", {})
+    assert with_server_engine(spec, None) == (spec, {})
+    assert with_server_engine(None, server) == ("kv_tokens=2048,block_size=32",  # the engine's own scheduler
+                                                {"kv_tokens_from_server": 2048.0})
 
 
 def test_the_replay_runs_as_many_sequences_as_the_server_has_slots_unless_the_spec_says():
@@ -125,10 +126,11 @@ def test_the_replay_runs_as_many_sequences_as_the_server_has_slots_unless_the_sp
     assert "max_seqs_from_server" not in blind.inputs
     assert blind.comparison["ttft_s.mean"].ratio > 1.5  # 8 at once: no queue, so the measured TTFT looks slow
     # the user's own max_seqs wins; a serial engine runs one sequence whatever the slots; both facts go together
-    assert with_server_engine("continuous,max_seqs=2", server) == ("continuous,max_seqs=2", None, None)
-    assert with_server_engine("serial", server) == ("serial", None, None)
+    assert with_server_engine("continuous,max_seqs=2", server) == ("continuous,max_seqs=2", {})
+    assert with_server_engine("serial", server) == ("serial", {})
     both = ServerMetrics(engine="vllm", kv_capacity_tokens=4096.0, kv_block_size=16, slots=3)
-    assert with_server_engine(None, both) == ("kv_tokens=4096,block_size=16,max_seqs=3", 4096.0, 3.0)
+    assert with_server_engine(None, both) == ("kv_tokens=4096,block_size=16,max_seqs=3",
+                                              {"kv_tokens_from_server": 4096.0, "max_seqs_from_server": 3.0})
     assert with_server_engine("continuous", both)[0] == "continuous,kv_tokens=4096,block_size=16,max_seqs=3"
 
 
@@ -190,11 +192,78 @@ def test_without_tp_the_replay_runs_the_tensor_parallel_size_the_server_reported
                    output_tokens=24, seed=4)
     measured = run.summary.model_copy(update={"server": ServerMetrics(engine="sglang", version="0.5.3", tp=2)})
     block = replay_for(measured, run.records, hardware="h100-sxm", served_model=None, estimate_model="llama-3.1-70b")
-    assert block.inputs["tp"] == 2 and block.inputs["tp_from_server"] == 1
+    assert block.inputs["tp"] == 2 and block.inputs["layout_from_server"] == 1 and "dp" not in block.inputs
     assert block.predicted["engine"]["engine"] == "sglang" and block.predicted["engine"]["tp"] == 2
     for label, row in block.comparison.items():
         if row.ratio is not None:
             assert row.ratio == pytest.approx(1.0, rel=1e-6), label
     given = replay_for(measured, run.records, hardware="h100-sxm", served_model=None, estimate_model="llama-3.1-70b",
                        tp=4)
-    assert given.inputs["tp"] == 4 and "tp_from_server" not in given.inputs
+    assert given.inputs["tp"] == 4 and "layout_from_server" not in given.inputs
+
+
+def test_the_replay_runs_sglangs_data_parallel_attention_as_the_server_reported_it():
+    """SGLang's server info (tp_size 8, dp_size 8, enable_dp_attention, its chunked-prefill size and one scheduler's
+    KV pool) describes a layout of 8 attention ranks stepping together over one MoE: a run simulated that way replays
+    with every ratio 1.0, and the comparison says the layout and scheduler came from the server."""
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import server_layout
+
+    run = simulate("deepseek-v3", "h200", engine="sglang-0.4", tp=1, dp=8, ep=8, concurrency=16, requests=32,
+                   prompt_tokens=800, output_tokens=16, seed=6, max_batched_tokens=2048, kv_tokens=60000)
+    server = ServerMetrics(engine="sglang", version="0.4.3.post2", tp=8, dp=8, dp_attention=True, batched_tokens=2048,
+                           kv_capacity_tokens=60000.0)
+    assert server_layout(server) == {"tp": 1, "dp": 8, "ep": 8}
+    measured = run.summary.model_copy(update={"server": server})
+    block = replay_for(measured, run.records, hardware="h200", served_model=None, estimate_model="deepseek-v3")
+    assert block.inputs["dp"] == 8 and block.inputs["ep"] == 8 and "tp" not in block.inputs  # tp 1
+    assert block.inputs["layout_from_server"] == 1 and block.inputs["engine_from_server"] == 1
+    assert block.inputs["max_batched_tokens_from_server"] == 2048 and block.inputs["kv_tokens_from_server"] == 60000
+    assert block.predicted["engine"]["engine"] == "sglang-0.4"
+    for label, row in block.comparison.items():
+        if row.ratio is not None:
+            assert row.ratio == pytest.approx(1.0, rel=1e-6), label
+    # read as plain tensor parallelism over 8 GPUs, the same run replays otherwise
+    plain = replay_for(measured, run.records, hardware="h200", served_model=None, estimate_model="deepseek-v3", tp=8)
+    assert plain.inputs["tp"] == 8 and "dp" not in plain.inputs and "layout_from_server" not in plain.inputs
+    assert plain.comparison["tpot_s.mean"].ratio != pytest.approx(1.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("fields, layout", [
+    ({"tp": 4}, {"tp": 4, "dp": 1, "ep": 1}),
+    ({"tp": 8, "ep": 8}, {"tp": 8, "dp": 1, "ep": 8}),  # --enable-ep-moe: experts over the tp GPUs
+    ({"tp": 2, "dp": 4}, {"tp": 2, "dp": 4, "ep": 1}),  # four replicas of two GPUs
+    ({"tp": 8, "dp": 8, "dp_attention": True}, {"tp": 1, "dp": 8, "ep": 8}),
+    ({"tp": 8, "dp": 2, "dp_attention": True}, {"tp": 4, "dp": 2, "ep": 8}),  # 0.5.x: --dp 2 --tp 8
+    ({"tp": 8, "dp_attention": True}, {"tp": 8, "dp": 1, "ep": 1}),  # dp 1: attention over every GPU, plain
+    ({"dp": 2}, None), ({}, None),  # no tp_size: the server said no layout
+])
+def test_the_layout_a_server_reports_in_simulates_terms(fields, layout):
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import server_layout
+
+    assert server_layout(ServerMetrics(engine="sglang", **fields)) == layout
+    assert server_layout(None) is None
+
+
+@pytest.mark.parametrize("fields", [{"tp": 8, "dp": 3, "dp_attention": True}, {"tp": 4, "dp": 2, "ep": 4},
+                                    {"tp": 8, "ep": 4}])
+def test_a_layout_the_replay_cannot_take_names_the_flags_that_describe_one(fields):
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import server_layout
+
+    with pytest.raises(SpeedlimitError, match="--tp, --dp and --ep"):
+        server_layout(ServerMetrics(engine="sglang", **fields))
+
+
+def test_sglangs_running_cap_and_prefill_budget_bound_the_replay_unless_the_spec_sets_them():
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import with_server_engine
+
+    server = ServerMetrics(engine="sglang", tp=1, batched_tokens=4096, max_running=48)
+    assert with_server_engine(None, server) == ("max_seqs=48,max_batched_tokens=4096",
+                                                {"max_seqs_from_server": 48.0, "max_batched_tokens_from_server": 4096.0})
+    assert with_server_engine("max_batched_tokens=512", server) == (
+        "max_batched_tokens=512,max_seqs=48", {"max_seqs_from_server": 48.0})
+    # llama-server's slots come first where a server somehow reports both
+    assert with_server_engine(None, server.model_copy(update={"slots": 4}))[0] == "max_seqs=4,max_batched_tokens=4096"

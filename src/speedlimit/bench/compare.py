@@ -3,9 +3,11 @@ measured/predicted ratios (> 1 means slower than predicted for latencies, faster
 
 `replay_for` (what bench uses): the serving simulator runs exactly the workload bench sent (each request's prompt and
 output tokens; the concurrency, or the measured send times) and every metric and percentile is compared. Where the
-server's /metrics said how large a KV cache it allocated (vLLM, SGLang), the simulated engine gets that cache, and
-llama-server's slots (its /props) cap the simulated batch; the deployment (engine profile, TP, weights) is the
-caller's, else the profile of the engine the metrics name (`server_profile`).
+server said how large a KV cache it allocated (vLLM's /metrics, SGLang's), the simulated engine gets that cache;
+llama-server's slots (its /props) and SGLang's running-request cap bound the simulated batch and SGLang's
+chunked-prefill size its steps (`with_server_engine`); the deployment (engine profile, layout, weights) is the
+caller's, else the profile of the engine the metrics name (`server_profile`) and the layout the server reported
+(`server_layout`).
 
 `estimate_for` (the static estimate, kept for the API): the workload maps onto `estimate()` as: batch = the concurrency (closed loop) or the measured mean number of requests
 in flight (open loop, Little's law), prompt = mean prompt tokens, output = mean output tokens.
@@ -78,20 +80,22 @@ def replay_figures(summary: RunSummary) -> dict[str, float | None]:
 
 def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str | None, estimate_model: str | None,
                engine: str | None = None, profile: str | None = None, tp: int | None = None,
-               weights: str | None = None) -> PredictionBlock:
+               weights: str | None = None, dp: int | None = None, ep: int | None = None) -> PredictionBlock:
     """Simulate the workload this run sent and return the summary's prediction block (``method="simulate"``).
-    ``engine``: the replay's scheduler spec (`parse_engine_spec`); ``profile``, ``tp``, ``weights``: the deployment
-    the server ran (an engines.toml profile: its step costs and scheduler defaults), as `simulate` takes them; without
-    a profile, the one of the engine the server's /metrics came from (`server_profile`); without ``tp``, the
-    tensor-parallel size the server reported (SGLang), else 1."""
+    ``engine``: the replay's scheduler spec (`parse_engine_spec`); ``profile``, ``tp``, ``dp``, ``ep``, ``weights``:
+    the deployment the server ran (an engines.toml profile: its step costs and scheduler defaults; the devices'
+    layout), as `simulate` takes them; without a profile, the one of the engine the server's /metrics came from
+    (`server_profile`); without any of ``tp``, ``dp`` and ``ep``, the layout the server reported (`server_layout`),
+    else one device."""
     from speedlimit.simulator import replay
 
     architecture = _architecture(served_model, estimate_model)
     # the shared prefixes it sent (bench's endpoint block; a simulated run's engine block)
     sent = ((summary.endpoint or {}).get("workload") or (summary.engine or {}).get("workload") or {})
-    engine, server_kv, server_slots = with_server_engine(engine, summary.server)
-    tp_from_server = tp is None and summary.server is not None and summary.server.tp is not None
-    tp = (summary.server.tp if tp_from_server else tp) or 1
+    engine, taken = with_server_engine(engine, summary.server)
+    given = {k: v for k, v in (("tp", tp), ("dp", dp), ("ep", ep)) if v is not None}
+    reported = server_layout(summary.server) if not given else None
+    layout = {"tp": 1, "dp": 1, "ep": 1, **(reported or given)}
     detected = False
     if profile is None:  # the engine the server's /metrics name, at the version it reported
         profile = server_profile(summary.server, hardware)
@@ -99,7 +103,7 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     simulated = replay(records, summary.offered_load, architecture, hardware, engine, summary.slo,
                        prefix_tokens=int(sent.get("prefix_tokens") or 0),
                        prefix_groups=int(sent.get("prefix_groups") or 1),
-                       profile=profile, tp=tp, weights=weights).summary
+                       profile=profile, weights=weights, **layout).summary
     measured, predicted = replay_figures(summary), replay_figures(simulated)
     rows = {}
     for label, value in measured.items():
@@ -115,20 +119,16 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     if simulated.completed:
         inputs["prompt"] = simulated.prompt_tokens / simulated.completed
         inputs["output"] = simulated.output_tokens / simulated.completed
-    if server_kv is not None:
-        inputs["kv_tokens_from_server"] = server_kv
-    if server_slots is not None:
-        inputs["max_seqs_from_server"] = server_slots
-    if tp != 1:
-        inputs["tp"] = float(tp)
-    if tp_from_server:
-        inputs["tp_from_server"] = 1.0
+    inputs.update(taken)
+    inputs.update({k: float(v) for k, v in layout.items() if v != 1})
+    if reported is not None:
+        inputs["layout_from_server"] = 1.0
     if detected:
         inputs["engine_from_server"] = 1.0
     from speedlimit.estimator import estimate
 
     # the static estimate's fields stay in the block (calibrate fits decode points from them)
-    deployment = {"tp": tp, **({"engine": profile} if profile else {}), **({"weights": weights} if weights else {})}
+    deployment = {**layout, **({"engine": profile} if profile else {}), **({"weights": weights} if weights else {})}
     static = estimate(architecture, hardware, **estimate_inputs(summary), **deployment).to_dict()
     return PredictionBlock(model=estimate_model or served_model or "?", hardware=hardware, method="simulate",
                            inputs=inputs, predicted={**static, **predicted, "engine": simulated.engine,
@@ -137,29 +137,61 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
                            comparison=rows)
 
 
-def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tuple[str | None, float | None, float | None]:
-    """The replay's engine spec given what the server said of its own configuration, unless the spec sets it: the KV
-    cache it allocated (vLLM's and SGLang's /metrics) and the sequences it runs at once (llama-server's slots, its
-    /props). Each is a fact of the run, as a command line's flag is. A spec without a mode stays without one (the
-    engine's own scheduler). Returns (spec, the capacity taken or None, the slots taken or None)."""
+def server_layout(server: ServerMetrics | None) -> dict[str, int] | None:
+    """The devices' layout the server reported, in simulate's terms (tp, dp, ep), or None where it said none.
+
+    Plain tensor parallelism is tp GPUs (with ep = tp where the MoE is expert-parallel across them); data-parallel
+    replicas without data-parallel attention are dp copies of tp GPUs each; data-parallel attention over dp ranks of a
+    tp-GPU server is tp / dp GPUs of attention per rank, the ranks stepping together because the MoE spans all tp GPUs
+    (ep = tp), as score.py lays out a data-parallel-attention row (benchmarks/accuracy/SOURCES.md, fold D amendment
+    2). A layout the simulator does not take is an error naming the flags that describe one it does."""
+    if server is None or server.tp is None:
+        return None
+    tp, dp, ep = server.tp, server.dp or 1, server.ep or 1
+    if server.dp_attention and dp > 1:
+        if tp % dp == 0 and ep in (1, tp):
+            return {"tp": tp // dp, "dp": dp, "ep": tp}
+    elif ep in (1, tp * dp):
+        return {"tp": tp, "dp": dp, "ep": ep}
+    attention = ", data-parallel attention" if server.dp_attention else ""
+    raise SpeedlimitError(f"the server reports tp_size {tp}, dp_size {dp}, ep_size {ep}{attention}: a layout the "
+                          "replay does not take from it; describe the deployment with --tp, --dp and --ep (ep 1 or "
+                          "tp × dp)")
+
+
+#: What the replay takes from the server's own account of its scheduler, unless the spec sets it: (spec key, the
+#: ServerMetrics field, the key recording it in the comparison's inputs).
+SERVER_SCHEDULER = (("kv_tokens", "kv_capacity_tokens", "kv_tokens_from_server"),
+                    ("max_seqs", "slots", "max_seqs_from_server"),
+                    ("max_seqs", "max_running", "max_seqs_from_server"),
+                    ("max_batched_tokens", "batched_tokens", "max_batched_tokens_from_server"))
+
+
+def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tuple[str | None, dict[str, float]]:
+    """The replay's engine spec given what the server said of its own scheduler, unless the spec sets it: the KV
+    cache it allocated (vLLM's /metrics, SGLang's server info or /metrics), the sequences it runs at once
+    (llama-server's slots, its /props; SGLang's running-request cap), the tokens a step prefills (SGLang's
+    chunked-prefill size). Each is a fact of the run, as a command line's flag is. A spec without a mode stays
+    without one (the engine's own scheduler); a serial spec takes no cap on sequences. Returns (spec, what was taken,
+    keyed as the comparison's inputs record it)."""
     from speedlimit.simulator import parse_engine_spec
 
     given = parse_engine_spec(engine)
     options: list[str] = []
-    tokens = server.kv_capacity_tokens if server is not None else None
-    taken_kv = taken_slots = None
-    if tokens is not None and math.isfinite(tokens) and tokens >= 1 and "kv_tokens" not in given:
-        taken_kv = float(int(tokens))
-        options.append(f"kv_tokens={int(tokens)}")
-        if server.kv_block_size and "block_size" not in given:
+    taken: dict[str, float] = {}
+    for key, field_name, label in SERVER_SCHEDULER if server is not None else ():
+        value = getattr(server, field_name)
+        if value is None or not math.isfinite(value) or value < 1 or key in given \
+                or any(option.startswith(key + "=") for option in options) \
+                or (key == "max_seqs" and given["mode"] == "serial"):
+            continue
+        taken[label] = float(int(value))
+        options.append(f"{key}={int(value)}")
+        if key == "kv_tokens" and server.kv_block_size and "block_size" not in given:
             options.append(f"block_size={server.kv_block_size}")
-    slots = server.slots if server is not None else None
-    if slots is not None and slots >= 1 and "max_seqs" not in given and given["mode"] != "serial":
-        taken_slots = float(slots)
-        options.append(f"max_seqs={slots}")
     if not options:
-        return engine, None, None
-    return ",".join([engine, *options] if engine else options), taken_kv, taken_slots
+        return engine, {}
+    return ",".join([engine, *options] if engine else options), taken
 
 
 #: The engine profile each engine that /metrics names runs as: its latest profile, or the versioned one whose

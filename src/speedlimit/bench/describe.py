@@ -69,6 +69,14 @@ def server_lines(server: ServerMetrics) -> list[tuple[str, str]]:
     if server.slots is not None:
         context = f" ({server.slot_context_tokens:,}-token context each)" if server.slot_context_tokens else ""
         rows.append(("  slots", f"{server.slots:,}{context}"))
+    if server.tp is not None:
+        layout = [f"{name} {value}" for name, value in (("tp", server.tp), ("dp", server.dp), ("ep", server.ep))
+                  if value is not None] + (["data-parallel attention"] if server.dp_attention else [])
+        rows.append(("  layout", ", ".join(layout)))
+    scheduler = [f"{server.batched_tokens:,} tokens a prefill step" if server.batched_tokens is not None else "",
+                 f"at most {server.max_running:,} running" if server.max_running is not None else ""]
+    if any(scheduler):
+        rows.append(("  scheduler", ", ".join(part for part in scheduler if part)))
     if server.counters:
         rows.append(("  counters", ", ".join(f"{k} {v:,.6g}" for k, v in server.counters.items())))
     for name, h in server.histograms.items():

@@ -35,7 +35,8 @@ Metric names (checked against each project's docs and source, Dec 2026):
 The engine's version is read once before the run where its server says it: vLLM's ``GET /version`` (``{"version":
 ...}``, vllm/entrypoints/openai/api_server.py ``show_version``) and SGLang's ``GET /get_server_info`` (its server
 arguments and ``"version"``, sglang/srt/entrypoints/http_server.py in the 0.4.3.post2 and 0.5.3.post3 wheels), which
-also gives SGLang's tensor-parallel size (``tp_size``, kept where it runs no data-parallel layout).
+also says how SGLang lays out and schedules the deployment (`sglang_deployment`: tensor-, data- and
+expert-parallel sizes, data-parallel attention, the chunked-prefill budget, a running-request cap, the KV pool).
 """
 
 from __future__ import annotations
@@ -206,19 +207,46 @@ def server_version(answer: Any) -> str | None:
     return version if isinstance(version, str) and VERSION_PATTERN.fullmatch(version) else None
 
 
-#: The largest tensor-parallel size believed from a server's answer.
+#: The largest tensor-parallel, data-parallel or expert-parallel size believed from a server's answer.
 MAX_SERVER_TP = 4096
+#: The largest token budget, running-request cap or KV pool believed from a server's answer.
+MAX_SERVER_TOKENS = 10**12
 
 
-def sglang_tensor_parallel(info: Any) -> int | None:
-    """The tensor-parallel size of SGLang's ``/get_server_info`` answer (its server arguments ``tp_size``), where it
-    runs plain tensor parallelism: with data-parallel replicas or data-parallel attention (``dp_size`` > 1,
-    ``enable_dp_attention``) the layout is another one, and None."""
+def sglang_deployment(info: Any) -> dict[str, Any]:
+    """What SGLang's ``/get_server_info`` answer (its server arguments after their own adjustments, and its first
+    scheduler's figures) says of the deployment, each key only where the answer holds a plain value in range:
+
+    - ``tp``: ``tp_size``, the GPUs of one replica (with data-parallel attention, every GPU of the server);
+    - ``dp``: ``dp_size`` where > 1; ``dp_attention``: ``enable_dp_attention`` where true (the ``dp`` ranks each run
+      attention for their own requests, the MoE spans every GPU);
+    - ``ep``: ``ep_size`` where > 1 (``--enable-ep-moe`` sets it to ``tp_size`` in 0.4.x);
+    - ``batched_tokens``: ``chunked_prefill_size`` where > 0, the tokens one scheduler prefills in a step (SGLang has
+      already divided it for data-parallel attention: by 2 in 0.4.3, by ``dp_size`` in 0.5.3);
+    - ``max_running``: ``max_running_requests`` where the server was given one (0.5.3 divides it among
+      data-parallel-attention ranks itself, so it is kept only without them);
+    - ``kv_tokens``: ``max_total_num_tokens``, the KV pool of one scheduler (one replica or rank).
+
+    Sources: sglang/srt/server_args.py ``__post_init__`` (0.4.3.post2 lines 208-273, 0.5.3.post3 lines 1085-1128),
+    http_server.py ``get_server_info``, scheduler.py's ready message, tp_worker.py ``max_running_requests``
+    (0.5.3.post3 lines 139-147)."""
     if not isinstance(info, dict):
-        return None
-    dp = info.get("dp_size")
-    plain = info.get("enable_dp_attention", False) is False and (dp is None or (type(dp) is int and dp == 1))
-    return _whole_count(info.get("tp_size"), MAX_SERVER_TP) if plain else None
+        return {}
+    found: dict[str, Any] = {}
+    for key, name, low in (("tp", "tp_size", 1), ("dp", "dp_size", 2), ("ep", "ep_size", 2)):
+        value = _whole_count(info.get(name), MAX_SERVER_TP)
+        if value is not None and value >= low:
+            found[key] = value
+    if info.get("enable_dp_attention") is True:
+        found["dp_attention"] = True
+    for key, name in (("batched_tokens", "chunked_prefill_size"), ("max_running", "max_running_requests"),
+                      ("kv_tokens", "max_total_num_tokens")):
+        value = _whole_count(info.get(name), MAX_SERVER_TOKENS)
+        if value is not None:
+            found[key] = value
+    if found.get("dp_attention"):
+        found.pop("max_running", None)
+    return found
 
 
 def llamacpp_slots(props: Any) -> tuple[int | None, int | None]:
@@ -333,13 +361,18 @@ def _histogram(before: dict[str, float], after: dict[str, float], family: str) -
 
 def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, failures: int = 0,
                      slots: tuple[int | None, int | None] = (None, None), version: str | None = None,
-                     tp: int | None = None) -> ServerMetrics:
+                     deployment: dict[str, Any] | None = None) -> ServerMetrics:
     """The server-side block of a run from its scrapes (the first one before the run, the last one after it), the
-    engine's version where its server said it, and, for llama-server, its slots and slot context (`llamacpp_slots`)."""
+    engine's version where its server said it, for llama-server its slots and slot context (`llamacpp_slots`), and
+    for SGLang its layout and scheduler (`sglang_deployment`; its KV pool there, one scheduler's, is the capacity)."""
     engine = next((detect_engine(s.samples) for s in scrapes if s.samples), "unknown")
-    block = ServerMetrics(engine=engine, version=version, tp=tp, url=url, scrapes=len(scrapes), interval_s=interval_s,
-                          failures=failures, slots=slots[0], slot_context_tokens=slots[1])
+    deployment = dict(deployment or {})
+    server_kv = deployment.pop("kv_tokens", None)
+    block = ServerMetrics(engine=engine, version=version, url=url, scrapes=len(scrapes), interval_s=interval_s,
+                          failures=failures, slots=slots[0], slot_context_tokens=slots[1], **deployment)
     if len(scrapes) < 2:
+        if server_kv is not None:
+            block.kv_capacity_tokens = float(server_kv)
         return block
     before, after = scrapes[0].samples, scrapes[-1].samples
     for name, candidates in GAUGES.get(engine, {}).items():
@@ -373,6 +406,8 @@ def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, fail
     elif engine == "sglang" and "sglang:cache_hit_rate" in after:
         block.prefix_cache_hit_rate = after["sglang:cache_hit_rate"]
     block.kv_capacity_tokens, block.kv_block_size = kv_capacity(engine, after)
+    if server_kv is not None:  # /metrics sums a gauge over data-parallel ranks; the server info is one scheduler's
+        block.kv_capacity_tokens, block.kv_block_size = float(server_kv), None
     return block
 
 
@@ -411,7 +446,7 @@ class MetricsScraper:
     failures: int = 0
     slots: tuple[int | None, int | None] = (None, None)  # llama-server's (slots, slot context), from /props
     version: str | None = None  # the engine's version, where its server says it (`VERSION_PATHS`)
-    tp: int | None = None  # its tensor-parallel size, where its server says it (`sglang_tensor_parallel`)
+    deployment: dict[str, Any] = field(default_factory=dict)  # its layout and scheduler (`sglang_deployment`)
     _t0_ns: int = 0
     _task: asyncio.Task | None = None
     _file: Any = None
@@ -488,7 +523,7 @@ class MetricsScraper:
                 answer = await self.read_json(VERSION_PATHS[engine])
                 self.version = server_version(answer)
                 if engine == "sglang":
-                    self.tp = sglang_tensor_parallel(answer)
+                    self.deployment = sglang_deployment(answer)
             self._task = asyncio.create_task(self._loop())
 
     async def read_json(self, path: str) -> Any:
@@ -544,7 +579,7 @@ class MetricsScraper:
         if not self.scrapes:
             return None
         return summarize_server(self.scrapes, url=self.url, interval_s=self.interval_s, failures=self.failures,
-                                slots=self.slots, version=self.version, tp=self.tp)
+                                slots=self.slots, version=self.version, deployment=self.deployment)
 
 
 def load_series(path: Path) -> list[dict[str, Any]]:

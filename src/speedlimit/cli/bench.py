@@ -110,7 +110,13 @@ def bench_command(
                                                     "engines: its step costs and scheduler defaults), e.g. vllm, "
                                                     "sglang, llama-server."),
     tp: Optional[int] = typer.Option(None, help="Tensor-parallel GPUs the server ran on, for --compare-estimate "
-                                                "(default: what the server reports, SGLang's server info, else 1)."),
+                                                "(default: the layout the server reports, SGLang's server info, "
+                                                "else 1)."),
+    dp: Optional[int] = typer.Option(None, help="Data-parallel replicas the server ran, for --compare-estimate (as "
+                                                "simulate's --dp; with --ep, ranks stepping together, as SGLang's "
+                                                "data-parallel attention)."),
+    ep: Optional[int] = typer.Option(None, help="Expert-parallel GPUs the server ran, for --compare-estimate: 1 or "
+                                                "tp × dp."),
     weights: Optional[str] = typer.Option(None, help="Weight format the server ran, for --compare-estimate (as "
                                                      "estimate's --weights; default: as the checkpoint ships)."),
     estimate_model: Optional[str] = typer.Option(None, help="Catalog name or config.json/.gguf path for the "
@@ -150,10 +156,14 @@ def bench_command(
             from speedlimit.precision import parse_weights
 
             parse_weights(weights)
-    if tp is not None and not 1 <= tp <= MAX_TP:
-        raise SpeedlimitError(f"--tp must be a whole number of GPUs from 1 to {MAX_TP}, got {tp}")
-    if not compare_estimate and (engine is not None or tp is not None or weights is not None or replay_engine is not None):
-        raise SpeedlimitError("--engine, --tp, --weights and --replay-engine describe the server for "
+    for flag, value in (("tp", tp), ("dp", dp), ("ep", ep)):
+        if value is not None and not 1 <= value <= MAX_TP:
+            raise SpeedlimitError(f"--{flag} must be a whole number of GPUs from 1 to {MAX_TP}, got {value}")
+    if ep is not None and ep != 1 and ep != (tp or 1) * (dp or 1):
+        raise SpeedlimitError(f"--ep {ep} must be 1 or --tp × --dp = {(tp or 1) * (dp or 1)}: the experts are split "
+                              "over every GPU of the layout")
+    if not compare_estimate and any(v is not None for v in (engine, tp, dp, ep, weights, replay_engine)):
+        raise SpeedlimitError("--engine, --tp, --dp, --ep, --weights and --replay-engine describe the server for "
                               "--compare-estimate: add --compare-estimate --hardware NAME")
     if not 0 < timeout < math.inf:
         raise SpeedlimitError("--timeout must be a finite number of seconds > 0")
@@ -212,7 +222,7 @@ def bench_command(
             for point, result in zip(runs, results):
                 point.estimate = replay_for(point, result.records, hardware=hardware, served_model=endpoint.model,
                                             estimate_model=estimate_model, engine=replay_engine, profile=engine,
-                                            tp=tp, weights=weights)
+                                            tp=tp, dp=dp, ep=ep, weights=weights)
         except SpeedlimitError as error:  # measured results still get printed (and are already on disk)
             comparison_error = error
         if out is not None:

@@ -105,10 +105,13 @@ def checks_table(summary: RunSummary) -> Table | None:
 
 def estimate_table(block: PredictionBlock) -> Table:
     parts = []
+    layout_keys = [key for key in ("tp", "dp", "ep") if key in block.inputs]
     for key, value in block.inputs.items():
-        if key in ("engine_from_server", "tp_from_server"):  # flags saying where the next two came from
+        if key in ("engine_from_server", "tp_from_server", "layout_from_server"):  # flags: where others came from
             continue
-        parts.append(f"{key} {value:g}" + (" (the server's)" if key == "tp" and "tp_from_server" in block.inputs else ""))
+        # the layout's last figure says where the layout came from (tp_from_server: runs of before dp and ep)
+        from_server = "layout_from_server" in block.inputs or "tp_from_server" in block.inputs
+        parts.append(f"{key} {value:g}" + (" (the server's)" if from_server and key in layout_keys[-1:] else ""))
     inputs = ", ".join(parts)
     engine = (block.predicted.get("engine") or {}) if isinstance(block.predicted, dict) else {}
     name = engine.get("engine") if isinstance(engine, dict) else None

@@ -856,14 +856,17 @@ def _replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None) ->
 
 def replay(records: Sequence[RequestRecord], load: LoadInfo | None, model: Any, hardware: Any,
            engine: str | None = None, slo: dict[str, float] | None = None, prefix_tokens: int = 0,
-           prefix_groups: int = 1, *, profile: Any = None, tp: int = 1, weights: Any = None) -> Simulation:
+           prefix_groups: int = 1, *, profile: Any = None, tp: int = 1, dp: int = 1, ep: int = 1,
+           weights: Any = None) -> Simulation:
     """Simulate exactly the workload a bench run sent, on ``engine`` (a spec for `parse_engine_spec`), with the
-    run's shared prefixes (`replay_workload`). ``profile`` (an engines.toml name), ``tp`` and ``weights``: the
-    deployment the server ran, as `simulate` takes them; with a profile its step costs and scheduler defaults apply
-    (a spec's mode, continuous or serial, swaps in that generic scheduler), without one a generic continuous
-    scheduler on the default engine's step costs."""
+    run's shared prefixes (`replay_workload`). ``profile`` (an engines.toml name), ``tp``, ``dp``, ``ep`` and
+    ``weights``: the deployment the server ran, as `simulate` takes them; with a profile its step costs and scheduler
+    defaults apply (a spec's mode, continuous or serial, swaps in that generic scheduler), without one a generic
+    continuous scheduler on the default engine's step costs."""
     options = parse_engine_spec(engine)
-    inputs = {"tp": tp, "engine": profile} if profile is not None else {"tp": tp}
+    inputs: dict[str, Any] = {"tp": tp, "dp": dp, "ep": ep}
+    if profile is not None:
+        inputs["engine"] = profile
     if weights is not None:
         inputs["weights"] = weights
     step = resolve(model, hardware, step_overhead_s=options.pop("step_overhead", None),
