@@ -72,8 +72,15 @@ def test_replay_block_still_feeds_calibrate():
     run = simulate("llama-3.1-8b", "l40s", concurrency=2, requests=8, prompt_tokens=100, output_tokens=20)
     block = replay_for(run.summary, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b")
     summary = run.summary.model_copy(update={"estimate": block})
-    points, hardware = points_from_bench(summary, "run")
+    points, hardware, notes = points_from_bench(summary, "run")
     assert hardware == "l40s" and len(points) == 1 and points[0].measured_s == pytest.approx(run.summary.tpot_s.mean)
+    assert notes == []
+    # a run replayed on data-parallel replicas is one replica's share of the batch a step: left out, and said so
+    replicas = simulate("llama-3.1-8b", "l40s", dp=2, concurrency=4, requests=8, prompt_tokens=100, output_tokens=20)
+    block = replay_for(replicas.summary, replicas.records, hardware="l40s", served_model=None,
+                       estimate_model="llama-3.1-8b", dp=2)
+    points, _, notes = points_from_bench(replicas.summary.model_copy(update={"estimate": block}), "run")
+    assert points == [] and "data-parallel replicas" in notes[0]
 
 
 def test_the_replay_takes_the_kv_cache_the_server_reported_unless_the_spec_sets_one():

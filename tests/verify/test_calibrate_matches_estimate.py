@@ -32,7 +32,7 @@ def test_bench_point_before_fit_equals_estimate(model, hardware, tp, batch, weig
     predicted = estimate(model, hardware, tp=tp, batch=batch, prompt=1024, output=256, weights=weights)
     summary = RunSummary(tpot_s=Distribution(mean=0.05, n=1),
                          estimate=PredictionBlock(model=model, hardware=hardware, predicted=predicted.to_dict()))
-    points, bench_hardware = points_from_bench(summary, "summary.json")
+    points, bench_hardware, _ = points_from_bench(summary, "summary.json")
     assert bench_hardware == hardware and len(points) == 1
     assert predicted.regime == "memory"
     assert prior_prediction(points[0], hardware) == pytest.approx(predicted.itl_s, rel=1e-9)

@@ -277,18 +277,23 @@ class PredictedStep(BaseModel):
 
     batch: int = Field(ge=1)
     tp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1)
     bytes_per_token: float = Field(gt=0)
     flops_per_token: float = Field(ge=0)
     tp_comm_s: float = Field(default=0.0, ge=0)
     kernels_per_step: float = Field(default=0.0, ge=0)
 
 
-def points_from_bench(summary: RunSummary | SweepSummary, source: str) -> tuple[list[CalibrationPoint], str | None]:
-    """Decode points (mean TPOT) of a bench summary that carries an ``estimate`` block; and its hardware name.
+def points_from_bench(summary: RunSummary | SweepSummary,
+                      source: str) -> tuple[list[CalibrationPoint], str | None, list[str]]:
+    """Decode points (mean TPOT) of a bench summary that carries an ``estimate`` block; its hardware name; notes.
 
-    TTFT under concurrent load includes queueing, so bench runs contribute no prefill points.
+    TTFT under concurrent load includes queueing, so bench runs contribute no prefill points. A run replayed on
+    data-parallel replicas or ranks (``dp`` > 1) is left out, with a note: its decode step is one replica's share of
+    the batch, which a point (one device group stepping the whole batch) does not describe.
     """
-    points, hardware = [], None
+    points, hardware, notes = [], None, []
+    replicated = 0
     runs = summary.points if isinstance(summary, SweepSummary) else [summary]
     for run in runs:
         block = run.estimate
@@ -300,11 +305,17 @@ def points_from_bench(summary: RunSummary | SweepSummary, source: str) -> tuple[
         except ValidationError as error:
             raise SpeedlimitError(f"{source}: the estimate block is not an estimate ({pydantic_message(error)})") from None
         hardware = hardware or block.hardware
+        if predicted.dp > 1:
+            replicated += 1
+            continue
         points.append(CalibrationPoint(
             "decode", predicted.bytes_per_token * predicted.batch, predicted.flops_per_token * predicted.batch,
             float(tpot), f"bench decode, batch {predicted.batch}", source, tp=predicted.tp,
             comm_s=predicted.tp_comm_s, kernels=predicted.kernels_per_step))
-    return points, hardware
+    if replicated:
+        notes.append(f"{source}: {replicated} run(s) replayed on data-parallel replicas (dp > 1) left out: calibrate "
+                     "fits one device group's decode step")
+    return points, hardware, notes
 
 
 def load_calibration_inputs(paths: list[Path]) -> tuple[list[CalibrationPoint], Hardware | None, str | None, list[str]]:
@@ -328,9 +339,10 @@ def load_calibration_inputs(paths: list[Path]) -> tuple[list[CalibrationPoint], 
                 measured, layout_notes = measured_machine(result, str(path))
                 notes += layout_notes
         elif "estimate" in data or "points" in data or "itl_s" in data:
-            found, hardware = points_from_bench(load_summary_data(data, str(path)), str(path))
+            found, hardware, bench_notes = points_from_bench(load_summary_data(data, str(path)), str(path))
             bench_hardware = bench_hardware or hardware
-            if not found:
+            notes += bench_notes
+            if not found and not bench_notes:
                 notes.append(f"{path}: bench summary without an estimate block (run bench with --compare-estimate): skipped")
         else:
             raise SpeedlimitError(f"{path} is neither a `speedlimit verify` result nor a bench summary.json")
