@@ -310,15 +310,18 @@ class ServerMetrics(BaseModel):
     """What the server's own Prometheus /metrics said about a run (bench; None when it exports none). The series
     behind it are in the run directory's server_metrics.jsonl."""
 
-    engine: str = "unknown"  # vllm | sglang | tgi | llamacpp | unknown (from the metric names' prefix)
+    engine: str = "unknown"  # vllm | sglang | tgi | llamacpp | trtllm | unknown (from the metric names' prefix)
     version: str | None = None  # the engine's version as its server reports it (vLLM's /version, SGLang's server info)
-    # how the server lays out and schedules the deployment, where it says so (SGLang's server info)
+    # how the server lays out and schedules the deployment, where it says so (SGLang's server info, TensorRT-LLM's
+    # config and iteration gauges)
     tp: int | None = None  # the tensor-parallel GPUs of one replica (with data-parallel attention: every GPU)
     dp: int | None = None  # data-parallel replicas or attention ranks, where more than 1
     dp_attention: bool | None = None  # the dp ranks run attention data-parallel, the MoE across every GPU
     ep: int | None = None  # expert-parallel GPUs, where more than 1
-    batched_tokens: int | None = None  # the tokens one scheduler prefills a step (SGLang's chunked-prefill size)
-    max_running: int | None = None  # the cap on running requests the server was given
+    pp: int | None = None  # pipeline stages, where more than 1
+    batched_tokens: int | None = None  # the tokens one scheduler step may prefill (SGLang's chunked-prefill size,
+    # TensorRT-LLM's max_num_tokens)
+    max_running: int | None = None  # the cap on running requests (SGLang's given one, TensorRT-LLM's batch size)
     url: str = ""
     scrapes: int = 0
     interval_s: float | None = None
@@ -328,8 +331,8 @@ class ServerMetrics(BaseModel):
     kv_cache_usage: ServerGauge | None = None  # fraction 0..1 of the KV cache in use
     prefix_cache_hit_rate: float | None = None  # vLLM: blocks hit/queried; SGLang, llama.cpp: cached prompt tokens
     kv_capacity_tokens: float | None = None  # the KV cache the server allocated (vLLM: blocks x block size; SGLang:
-    # one scheduler's token pool)
-    kv_block_size: int | None = None  # vLLM: tokens per KV block
+    # one scheduler's token pool; TensorRT-LLM: blocks x tokens per block)
+    kv_block_size: int | None = None  # vLLM, TensorRT-LLM: tokens per KV block
     slots: int | None = None  # llama-server: the sequences it runs at once (its /props total_slots, --parallel)
     slot_context_tokens: int | None = None  # llama-server: the context one slot holds (/props n_ctx)
     counters: dict[str, float] = Field(default_factory=dict)  # over the run: prompt_tokens, generation_tokens, ...

@@ -458,6 +458,7 @@ def test_any_props_answer_gives_whole_positive_slots_or_none(props):
     ("http://127.0.0.1:8080/metrics", "http://127.0.0.1:8080/props"),
     ("http://h:1/api/metrics?x=1#f", "http://h:1/api/props"),
     ("http://h:1/stats", None),
+    ("http://h:1/prometheus/metrics", "http://h:1/props"),  # trtllm-serve's: the server root is above /prometheus
 ])
 def test_props_sit_beside_the_metrics_endpoint(metrics, props):
     assert beside_metrics(metrics, "/props") == props
@@ -647,3 +648,197 @@ def test_a_replay_runs_the_profile_of_the_version_the_server_reported():
     assert server_profile(ServerMetrics(engine="sglang", version="0.4.3"), "h200") == "sglang-0.4"
     rows = dict(server_lines(ServerMetrics(engine="vllm", version="0.7.3", url="u", scrapes=2, interval_s=1)))
     assert rows["server metrics"].startswith("vllm 0.7.3 at u")
+
+
+# trtllm-serve with return_perf_metrics: its Prometheus text at /prometheus/metrics (tensorrt_llm/metrics/collector.py:
+# the trtllm_ prefix, multiprocess gauges with a pid label, info gauges whose labels are the configuration), while its
+# /metrics answers JSON iteration statistics; /version answers {"version": ...}
+TRTLLM = """\
+# HELP trtllm_num_requests_running Number of active requests
+# TYPE trtllm_num_requests_running gauge
+trtllm_num_requests_running{engine_type="pytorch",model_name="m",pid="11"} {running}
+# HELP trtllm_kv_cache_utilization KV cache utilization
+# TYPE trtllm_kv_cache_utilization gauge
+trtllm_kv_cache_utilization{engine_type="pytorch",model_name="m",pid="11"} 0.25
+# HELP trtllm_kv_cache_max_blocks Maximum number of KV cache blocks
+# TYPE trtllm_kv_cache_max_blocks gauge
+trtllm_kv_cache_max_blocks{engine_type="pytorch",model_name="m",pid="11"} 4096.0
+trtllm_kv_cache_max_blocks{engine_type="pytorch",model_name="m",pid="12"} 4096.0
+# HELP trtllm_kv_cache_tokens_per_block Number of tokens per KV cache block
+# TYPE trtllm_kv_cache_tokens_per_block gauge
+trtllm_kv_cache_tokens_per_block{engine_type="pytorch",model_name="m",pid="11"} 32.0
+# HELP trtllm_max_batch_size_runtime Runtime maximum batch size
+# TYPE trtllm_max_batch_size_runtime gauge
+trtllm_max_batch_size_runtime{engine_type="pytorch",model_name="m",pid="11"} 0.0
+# HELP trtllm_max_num_tokens_runtime Runtime maximum number of tokens
+# TYPE trtllm_max_num_tokens_runtime gauge
+trtllm_max_num_tokens_runtime{engine_type="pytorch",model_name="m",pid="11"} 8192.0
+# HELP trtllm_parallel_config_info Parallelism configuration info
+# TYPE trtllm_parallel_config_info gauge
+trtllm_parallel_config_info{context_parallel_size="1",engine_type="pytorch",expert_parallel_size="{ep}",gpu_count="4",model_name="m",pid="11",pipeline_parallel_size="{pp}",tensor_parallel_size="4"} 1.0
+# HELP trtllm_prompt_tokens_total Cumulative number of prompt (input) tokens processed.
+# TYPE trtllm_prompt_tokens_total counter
+trtllm_prompt_tokens_total{engine_type="pytorch",model_name="m"} {prompt}
+# HELP trtllm_generation_tokens_total Cumulative number of generation (output) tokens produced.
+# TYPE trtllm_generation_tokens_total counter
+trtllm_generation_tokens_total{engine_type="pytorch",model_name="m"} {gen}
+# HELP trtllm_time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE trtllm_time_to_first_token_seconds histogram
+trtllm_time_to_first_token_seconds_bucket{engine_type="pytorch",le="0.1",model_name="m"} {b1}
+trtllm_time_to_first_token_seconds_bucket{engine_type="pytorch",le="+Inf",model_name="m"} {b2}
+trtllm_time_to_first_token_seconds_count{engine_type="pytorch",model_name="m"} {b2}
+trtllm_time_to_first_token_seconds_sum{engine_type="pytorch",model_name="m"} {tsum}
+"""
+
+
+class _TrtllmApp:
+    def __init__(self, ep: int = 4, pp: int = 1):
+        self.ep, self.pp, self.scrapes, self.json_hits = ep, pp, 0, 0
+
+    async def json_metrics(self, request):
+        from aiohttp import web
+
+        self.json_hits += 1
+        return web.json_response([])  # iteration stats: none since the last read
+
+    async def prometheus(self, request):
+        from aiohttp import web
+
+        first = self.scrapes == 0
+        self.scrapes += 1
+        text = fill(TRTLLM, running=0 if first else 2, prompt=0 if first else 400, gen=0 if first else 80,
+                    b1=0 if first else 3, b2=0 if first else 4, tsum=0 if first else 0.32, ep=self.ep, pp=self.pp)
+        return web.Response(text=text, content_type="text/plain")
+
+    async def version(self, request):
+        from aiohttp import web
+
+        return web.json_response({"version": "1.3.0rc5"})
+
+
+async def _scrape_trtllm(app: _TrtllmApp, *, fallback: bool = True):
+    from aiohttp import web
+
+    server = web.Application()
+    server.router.add_get("/metrics", app.json_metrics)
+    server.router.add_get("/prometheus/metrics", app.prometheus)
+    server.router.add_get("/version", app.version)
+    runner = web.AppRunner(server)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    root = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            scraper = MetricsScraper(session, root + "/metrics", interval_s=0.05, timeout_s=0.3,
+                                     fallback_url=root + "/prometheus/metrics" if fallback else None)
+            await scraper.start()
+            await asyncio.sleep(0.1)
+            await scraper.finish()
+            return scraper, root
+    finally:
+        await runner.cleanup()
+
+
+def test_trtllm_serve_is_scraped_where_it_exports_prometheus_text():
+    """bench's default URL (/metrics) gets trtllm-serve's JSON; the scraper moves to /prometheus/metrics and reads
+    the engine, its version, layout, KV cache, step budget, counters and histograms there."""
+    from speedlimit.bench.describe import server_lines
+
+    app = _TrtllmApp()
+    scraper, root = asyncio.run(_scrape_trtllm(app))
+    block = scraper.summary()
+    assert app.json_hits == 1 and scraper.warning is None and scraper.note is None and block.failures == 0
+    assert block.url == root + "/prometheus/metrics" and block.engine == "trtllm" and block.version == "1.3.0rc5"
+    assert (block.tp, block.ep, block.pp) == (4, 4, None)
+    assert block.kv_capacity_tokens == 4096 * 32 and block.kv_block_size == 32  # one rank's, not summed over pids
+    assert block.batched_tokens == 8192 and block.max_running is None  # 0: the PyTorch backend leaves it unset
+    assert block.counters == {"prompt_tokens": 400.0, "generation_tokens": 80.0}
+    assert block.histograms["ttft_s"].n == 4 and block.histograms["ttft_s"].mean == pytest.approx(0.08)
+    assert block.running.max == 2 and block.kv_cache_usage.mean == pytest.approx(0.25)
+    rows = dict(server_lines(block))
+    assert rows["  layout"] == "tp 4, ep 4" and rows["  scheduler"] == "8,192 tokens a prefill step"
+
+
+def test_a_metrics_url_given_is_kept_even_where_it_has_no_prometheus_text():
+    scraper, root = asyncio.run(_scrape_trtllm(_TrtllmApp(), fallback=False))
+    assert scraper.summary() is None and "gave no Prometheus metrics" in scraper.warning
+    assert scraper.url == root + "/metrics"
+
+
+def test_a_trtllm_deployment_replays_on_its_profile_and_layout():
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import server_layout, server_profile
+
+    server = ServerMetrics(engine="trtllm", version="1.3.0rc5", tp=4, ep=4)
+    assert server_profile(server, "h100-sxm") == "tensorrt-llm"
+    assert server_layout(server) == {"tp": 4, "dp": 1, "ep": 4}
+    from speedlimit.errors import SpeedlimitError
+
+    with pytest.raises(SpeedlimitError, match="pp_size 2"):
+        server_layout(ServerMetrics(engine="trtllm", tp=4, pp=2))
+
+
+@pytest.mark.parametrize("samples, found", [
+    ({}, {}),
+    ({"trtllm_parallel_config_info{tensor_parallel_size}": 8.0, "trtllm_parallel_config_info{pipeline_parallel_size}": 1.0,
+      "trtllm_parallel_config_info{expert_parallel_size}": 1.0}, {"tp": 8}),
+    ({"trtllm_parallel_config_info{tensor_parallel_size}": 2.5}, {}),  # processes that disagree average to a fraction
+    ({"trtllm_max_batch_size_runtime": 256.0, "trtllm_max_num_tokens_runtime": float("nan")}, {"max_running": 256}),
+    ({"trtllm_max_num_tokens_runtime": 1e20}, {}),
+])
+def test_trtllm_gauges_give_a_layout_and_limits_only_where_they_are_whole_and_in_range(samples, found):
+    from speedlimit.bench.server_metrics import trtllm_deployment
+
+    assert trtllm_deployment(samples) == found
+
+
+def test_where_neither_url_has_prometheus_text_the_first_answer_is_what_the_note_says():
+    """llama-server without --metrics: 404 at /metrics and at /prometheus/metrics; the note names /metrics."""
+    from aiohttp import web
+
+    async def main():
+        server = web.Application()
+        runner = web.AppRunner(server)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        root = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        try:
+            async with aiohttp.ClientSession() as session:
+                scraper = MetricsScraper(session, root + "/metrics", timeout_s=0.3,
+                                         fallback_url=root + "/prometheus/metrics")
+                await scraper.start()
+                await scraper.finish()
+                return scraper, root
+        finally:
+            await runner.cleanup()
+
+    scraper, root = asyncio.run(main())
+    assert scraper.summary() is None and scraper.warning is None and scraper.failures == 1
+    assert scraper.url == root + "/metrics" and f"GET {root}/metrics answered HTTP 404" in scraper.note
+
+
+@settings(max_examples=80, deadline=None)
+@given(info=st.dictionaries(st.sampled_from(["tp_size", "dp_size", "ep_size", "enable_dp_attention",
+                                             "chunked_prefill_size", "max_running_requests", "max_total_num_tokens",
+                                             "x"]),
+                            st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6), max_size=8))
+def test_any_sglang_server_info_gives_whole_numbers_in_range_or_nothing(info):
+    found = sglang_deployment(info)
+    assert set(found) <= {"tp", "dp", "ep", "dp_attention", "batched_tokens", "max_running", "kv_tokens"}
+    assert all(v is True if k == "dp_attention" else type(v) is int and 0 < v <= 10**12 for k, v in found.items())
+
+
+@settings(max_examples=60, deadline=None)
+@given(tp=st.text(max_size=8), ep=st.text(max_size=8))
+def test_any_trtllm_parallel_labels_give_a_whole_layout_or_none(tp, ep):
+    """The labels come from the server: whatever they hold, parsing neither raises nor invents a layout."""
+    escape = lambda text: text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa: E731
+    text = (f'trtllm_parallel_config_info{{expert_parallel_size="{escape(ep)}",tensor_parallel_size="{escape(tp)}"}}'
+            " 1.0\ntrtllm_num_requests_running 0.0\n")
+    block = summarize_server(scrapes(text, text), url="u", interval_s=1)
+    whole = lambda text: text.isascii() and text.isdigit() and 0 < int(text) <= 4096  # noqa: E731
+    assert block.engine == "trtllm"
+    assert block.tp == (int(tp) if whole(tp) else None)
+    assert block.ep == (int(ep) if whole(ep) and int(ep) > 1 else None)

@@ -144,17 +144,19 @@ def server_layout(server: ServerMetrics | None) -> dict[str, int] | None:
     replicas without data-parallel attention are dp copies of tp GPUs each; data-parallel attention over dp ranks of a
     tp-GPU server is tp / dp GPUs of attention per rank, the ranks stepping together because the MoE spans all tp GPUs
     (ep = tp), as score.py lays out a data-parallel-attention row (benchmarks/accuracy/SOURCES.md, fold D amendment
-    2). A layout the simulator does not take is an error naming the flags that describe one it does."""
+    2). A layout the replay does not take (pipeline stages among them) is an error naming the flags that describe
+    one it does."""
     if server is None or server.tp is None:
         return None
-    tp, dp, ep = server.tp, server.dp or 1, server.ep or 1
-    if server.dp_attention and dp > 1:
+    tp, dp, ep, pp = server.tp, server.dp or 1, server.ep or 1, server.pp or 1
+    if pp == 1 and server.dp_attention and dp > 1:
         if tp % dp == 0 and ep in (1, tp):
             return {"tp": tp // dp, "dp": dp, "ep": tp}
-    elif ep in (1, tp * dp):
+    elif pp == 1 and ep in (1, tp * dp):
         return {"tp": tp, "dp": dp, "ep": ep}
     attention = ", data-parallel attention" if server.dp_attention else ""
-    raise SpeedlimitError(f"the server reports tp_size {tp}, dp_size {dp}, ep_size {ep}{attention}: a layout the "
+    stages = f", pp_size {pp}" if pp > 1 else ""  # the replay takes no pipeline stages (simulate --pp does)
+    raise SpeedlimitError(f"the server reports tp_size {tp}, dp_size {dp}, ep_size {ep}{stages}{attention}: a layout the "
                           "replay does not take from it; describe the deployment with --tp, --dp and --ep (ep 1 or "
                           "tp × dp)")
 
@@ -196,7 +198,7 @@ def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tupl
 
 #: The engine profile each engine that /metrics names runs as: its latest profile, or the versioned one whose
 #: ``server_versions`` match the version its server reported (engines.toml).
-SERVER_PROFILES = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama-cpp"}
+SERVER_PROFILES = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama-cpp", "trtllm": "tensorrt-llm"}
 
 
 def server_profile(server: ServerMetrics | None, hardware: str) -> str | None:

@@ -30,7 +30,7 @@ from speedlimit.artifacts import (LoadInfo, RequestRecord, RunSummary, ServerMet
                                  write_records)
 from speedlimit.bench.metrics import find_knee, run_warnings, summarize
 from speedlimit.bench.selfcheck import LoopLagMonitor, check_warnings, cpu_seconds, prefix_cache_warning, self_checks
-from speedlimit.bench.server_metrics import DEFAULT_INTERVAL_S, MetricsScraper
+from speedlimit.bench.server_metrics import DEFAULT_INTERVAL_S, TRTLLM_METRICS_PATH, MetricsScraper
 from speedlimit.bench.tokenizer import LocalTokenizer, ServerTokenizer, load_local_tokenizer, probe_tokenizer
 from speedlimit.bench.workload import (LengthSpec, RequestSpec, arrival_offsets_s, build_requests, checked_seed,
                                       load_dataset, level_seed, load_trace, trace_offsets_s)
@@ -511,9 +511,10 @@ class BenchRunner:
         scraper = None
         if self.server_metrics and self.interrupted is None:
             auth = {k: v for k, v in self.endpoint.headers.items() if k == "Authorization"}
+            fallback = None if self.metrics_url else self.endpoint.root_url + TRTLLM_METRICS_PATH
             scraper = MetricsScraper(self.session, self.metrics_url or self.endpoint.root_url + "/metrics",
                                      self.metrics_interval_s, out_dir / "server_metrics.jsonl" if out_dir else None,
-                                     headers=auth)
+                                     headers=auth, fallback_url=fallback)
             await scraper.start()
         monitor = LoopLagMonitor()
         monitor.start()

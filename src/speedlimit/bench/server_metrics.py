@@ -1,8 +1,8 @@
 """What the server saw: its Prometheus ``/metrics``, scraped before, during and after a bench run.
 
-vLLM (``vllm:``), SGLang (``sglang:``), TGI (``tgi_``) and llama.cpp's ``llama-server --metrics`` (``llamacpp:``)
-export their own view of a run: requests running and waiting, KV-cache use, prefix-cache hits, token counters and
-(vLLM, SGLang, TGI) latency histograms. The text is parsed with ``prometheus_client.parser`` (the Prometheus project's
+vLLM (``vllm:``), SGLang (``sglang:``), TGI (``tgi_``), llama.cpp's ``llama-server --metrics`` (``llamacpp:``) and
+TensorRT-LLM's ``trtllm-serve`` (``trtllm_``) export their own view of a run: requests running and waiting, KV-cache
+use, prefix-cache hits, token counters and (vLLM, SGLang, TGI, TensorRT-LLM) latency histograms. The text is parsed with ``prometheus_client.parser`` (the Prometheus project's
 Python client), never by hand. Each scrape becomes one line of ``server_metrics.jsonl`` in the run directory: every
 sample of the server's own families, summed over label sets (histogram buckets keep their ``le``).
 
@@ -32,9 +32,18 @@ Metric names (checked against each project's docs and source, Dec 2026):
   cache when the cache is unified (``--kv-unified``, where every slot reports the whole pool), so no capacity is
   derived from them.
 
+- TensorRT-LLM: ``trtllm-serve`` with ``return_perf_metrics`` (1.3.0rc5 on: the ``trtllm_`` prefix;
+  tensorrt_llm/metrics/collector.py) exports Prometheus text at ``/prometheus/metrics`` while its ``/metrics`` answers
+  JSON iteration statistics, so where bench's default URL answers without Prometheus text it looks there once
+  (`TRTLLM_METRICS_PATH`; never where ``--metrics-url`` was given). Its gauges also say its layout
+  (``trtllm_parallel_config_info`` labels), its KV cache (``kv_cache_max_blocks`` x ``kv_cache_tokens_per_block``,
+  one rank's) and its step limits (`trtllm_deployment`). Builds before the prefix exported five unprefixed families
+  that name no engine: they are not read.
+
 The engine's version is read once before the run where its server says it: vLLM's ``GET /version`` (``{"version":
-...}``, vllm/entrypoints/openai/api_server.py ``show_version``) and SGLang's ``GET /get_server_info`` (its server
-arguments and ``"version"``, sglang/srt/entrypoints/http_server.py in the 0.4.3.post2 and 0.5.3.post3 wheels), which
+...}``, vllm/entrypoints/openai/api_server.py ``show_version``), SGLang's ``GET /get_server_info`` (its server
+arguments and ``"version"``, sglang/srt/entrypoints/http_server.py in the 0.4.3.post2 and 0.5.3.post3 wheels) and
+TensorRT-LLM's ``GET /version`` (``{"version": ...}``, tensorrt_llm/serve/openai_server.py); SGLang's answer
 also says how SGLang lays out and schedules the deployment (`sglang_deployment`: tensor-, data- and
 expert-parallel sizes, data-parallel attention, the chunked-prefill budget, a running-request cap, the KV pool).
 """
@@ -57,7 +66,7 @@ import aiohttp
 from speedlimit.artifacts import ServerGauge, ServerHistogram, ServerMetrics
 
 #: Families kept from a scrape: the engines' own prefixes (process_*/python_* and the like are left out).
-ENGINE_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "tgi_": "tgi", "llamacpp:": "llamacpp"}
+ENGINE_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "tgi_": "tgi", "llamacpp:": "llamacpp", "trtllm_": "trtllm"}
 #: Default seconds between scrapes during a run.
 DEFAULT_INTERVAL_S = 1.0
 #: Seconds one scrape may take before it counts as hanging.
@@ -76,18 +85,29 @@ GAUGES: dict[str, dict[str, tuple[str, ...]]] = {
     "tgi": {"running": ("tgi_batch_current_size",), "waiting": ("tgi_queue_size",)},
     "llamacpp": {"running": ("llamacpp:requests_processing",), "waiting": ("llamacpp:requests_deferred",),
                  "kv_cache_usage": ("llamacpp:kv_cache_usage_ratio",)},
+    "trtllm": {"running": ("trtllm_num_requests_running",), "waiting": ("trtllm_num_requests_waiting",),
+               "kv_cache_usage": ("trtllm_kv_cache_utilization",)},
 }
 #: vLLM's info gauge whose labels say how large a KV cache the engine allocated, and the samples made of them: the
 #: blocks (summed over engines, as the other gauges are) and the tokens a block holds (averaged).
 CACHE_INFO = "vllm:cache_config_info"
 CACHE_BLOCKS = CACHE_INFO + '{num_gpu_blocks}'
 CACHE_BLOCK_SIZE = CACHE_INFO + '{block_size}'
-#: The KV cache's capacity in tokens, per engine: vLLM's blocks x block size, SGLang's token pool.
-KV_CAPACITY = {"vllm": (CACHE_BLOCKS, CACHE_BLOCK_SIZE), "sglang": ("sglang:max_total_num_tokens", None)}
-#: Gauges that are a fraction per engine instance: averaged over label sets, not summed.
+#: TensorRT-LLM's info gauge whose labels say the parallel layout, and the samples made of them (averaged: the
+#: server's processes may each export it, with a ``pid`` label).
+PARALLEL_INFO = "trtllm_parallel_config_info"
+PARALLEL_SIZES = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "ep": "expert_parallel_size"}
+#: The KV cache's capacity in tokens, per engine: vLLM's blocks x block size, SGLang's token pool, TensorRT-LLM's
+#: blocks x tokens per block (one rank's KV-cache manager).
+KV_CAPACITY = {"vllm": (CACHE_BLOCKS, CACHE_BLOCK_SIZE), "sglang": ("sglang:max_total_num_tokens", None),
+               "trtllm": ("trtllm_kv_cache_max_blocks", "trtllm_kv_cache_tokens_per_block")}
+#: TensorRT-LLM's scheduler limits (gauges; the PyTorch backend may leave them 0, which means not reported).
+TRTLLM_SCHEDULER = {"max_running": "trtllm_max_batch_size_runtime", "batched_tokens": "trtllm_max_num_tokens_runtime"}
+#: Gauges that are a fraction, a size or a limit per engine instance: averaged over label sets, not summed.
 FRACTION_GAUGES = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
                    "sglang:cache_hit_rate", "llamacpp:kv_cache_usage_ratio", "vllm:gpu_prefix_cache_hit_rate",
-                   CACHE_BLOCK_SIZE}
+                   CACHE_BLOCK_SIZE, "trtllm_kv_cache_utilization", *KV_CAPACITY["trtllm"],
+                   *TRTLLM_SCHEDULER.values(), *(f"{PARALLEL_INFO}{{{label}}}" for label in PARALLEL_SIZES.values())}
 
 COUNTERS: dict[str, dict[str, tuple[str, ...]]] = {
     "vllm": {"prompt_tokens": ("vllm:prompt_tokens_total",), "generation_tokens": ("vllm:generation_tokens_total",),
@@ -104,6 +124,9 @@ COUNTERS: dict[str, dict[str, tuple[str, ...]]] = {
                  "cached_prompt_tokens": ("llamacpp:prompt_tokens_cached_total",),
                  "prompt_seconds": ("llamacpp:prompt_seconds_total",),
                  "generation_seconds": ("llamacpp:tokens_predicted_seconds_total",)},
+    "trtllm": {"prompt_tokens": ("trtllm_prompt_tokens_total",),
+               "generation_tokens": ("trtllm_generation_tokens_total",),
+               "cached_prompt_tokens": ("trtllm_prompt_cached_tokens_total",)},
 }
 
 HISTOGRAMS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -119,6 +142,9 @@ HISTOGRAMS: dict[str, dict[str, tuple[str, ...]]] = {
     "tgi": {"tpot_s": ("tgi_request_mean_time_per_token_duration",), "e2e_s": ("tgi_request_duration",),
             "queue_s": ("tgi_request_queue_duration",), "inference_s": ("tgi_request_inference_duration",)},
     "llamacpp": {},
+    "trtllm": {"ttft_s": ("trtllm_time_to_first_token_seconds",), "tpot_s": ("trtllm_time_per_output_token_seconds",),
+               "e2e_s": ("trtllm_e2e_request_latency_seconds",), "queue_s": ("trtllm_request_queue_time_seconds",),
+               "prefill_s": ("trtllm_request_prefill_time_seconds",), "decode_s": ("trtllm_request_decode_time_seconds",)},
 }
 
 
@@ -153,7 +179,11 @@ def _whole_label(labels: dict[str, str], key: str) -> float | None:
 
 
 def _samples_of(name: str, labels: dict[str, str], value: float) -> list[tuple[str, float]]:
-    """The (key, value) pairs one sample adds: itself, or for vLLM's cache info gauge the sizes its labels give."""
+    """The (key, value) pairs one sample adds: itself, or for an info gauge the sizes its labels give (vLLM's cache
+    config, TensorRT-LLM's parallel config)."""
+    if name == PARALLEL_INFO:
+        return [(f"{name}{{{label}}}", size) for label in PARALLEL_SIZES.values()
+                if (size := _whole_label(labels, label)) is not None]
     if name != CACHE_INFO:
         return [(_label_key(name, labels), value)]
     blocks, size = _whole_label(labels, "num_gpu_blocks"), _whole_label(labels, "block_size")
@@ -196,7 +226,7 @@ MAX_SLOT_CONTEXT_TOKENS = 10**9
 
 
 #: Where each engine's server says its version, beside /metrics.
-VERSION_PATHS = {"vllm": "/version", "sglang": "/get_server_info"}
+VERSION_PATHS = {"vllm": "/version", "sglang": "/get_server_info", "trtllm": "/version"}
 #: A version is kept only as up to 40 characters of ASCII letters, digits and . + - _ (it comes from the server).
 VERSION_PATTERN = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,39}")
 
@@ -249,6 +279,31 @@ def sglang_deployment(info: Any) -> dict[str, Any]:
     return found
 
 
+def trtllm_deployment(samples: dict[str, float]) -> dict[str, int]:
+    """TensorRT-LLM's layout and scheduler limits from a scrape (tensorrt_llm/metrics/collector.py,
+    ``log_config_info`` and ``log_iteration_stats``): ``tp``, ``pp`` and ``ep`` from the parallel-config info gauge's
+    labels (``expert_parallel_size`` only where the server runs its MoE expert-parallel; pp and ep kept where > 1),
+    ``max_running`` and ``batched_tokens`` from its runtime batch-size and token limits (0 under the PyTorch backend,
+    which does not fill them: not kept). Each only where it is a whole number in range."""
+    found: dict[str, int] = {}
+    for key, label in PARALLEL_SIZES.items():
+        value = _whole_gauge(samples.get(f"{PARALLEL_INFO}{{{label}}}"), MAX_SERVER_TP)
+        if value is not None and (key == "tp" or value > 1):
+            found[key] = value
+    for key, name in TRTLLM_SCHEDULER.items():
+        value = _whole_gauge(samples.get(name), MAX_SERVER_TOKENS)
+        if value is not None:
+            found[key] = value
+    return found
+
+
+def _whole_gauge(value: float | None, high: int) -> int | None:
+    """A gauge's value where it is a whole number from 1 to ``high``."""
+    if value is None or not math.isfinite(value) or value != int(value):
+        return None
+    return _whole_count(int(value), high)
+
+
 def llamacpp_slots(props: Any) -> tuple[int | None, int | None]:
     """(slots, tokens of context per slot) from llama-server's ``/props`` JSON, each None where the answer does not
     hold a whole number in range: the text comes from the server and nothing else in it is used."""
@@ -266,15 +321,23 @@ def _whole_count(value: Any, high: int) -> int | None:
     return value
 
 
+#: Where TensorRT-LLM's trtllm-serve exports Prometheus text (its /metrics answers JSON iteration statistics):
+#: tensorrt_llm/serve/openai_server.py ``mount_metrics``, with ``return_perf_metrics`` set.
+TRTLLM_METRICS_PATH = "/prometheus/metrics"
+
+
 def beside_metrics(metrics_url: str, path: str) -> str | None:
-    """The URL of ``path`` (``/props``, ``/version``) beside a /metrics URL (None when it does not end in /metrics)."""
+    """The URL of ``path`` (``/props``, ``/version``) at the server root of a /metrics URL (one ending in /metrics or
+    TensorRT-LLM's /prometheus/metrics; None for any other)."""
     try:
         parts = urlsplit(metrics_url)
     except ValueError:
         return None
     if not parts.path.endswith("/metrics"):
         return None
-    return urlunsplit((parts.scheme, parts.netloc, parts.path.removesuffix("/metrics") + path, "", ""))
+    root = parts.path.removesuffix(TRTLLM_METRICS_PATH) if parts.path.endswith(TRTLLM_METRICS_PATH) \
+        else parts.path.removesuffix("/metrics")
+    return urlunsplit((parts.scheme, parts.netloc, root + path, "", ""))
 
 
 def detect_engine(samples: dict[str, float]) -> str:
@@ -368,6 +431,8 @@ def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, fail
     engine = next((detect_engine(s.samples) for s in scrapes if s.samples), "unknown")
     deployment = dict(deployment or {})
     server_kv = deployment.pop("kv_tokens", None)
+    if engine == "trtllm" and scrapes:  # its layout and scheduler limits are gauges of its own
+        deployment |= trtllm_deployment(scrapes[-1].samples)
     block = ServerMetrics(engine=engine, version=version, url=url, scrapes=len(scrapes), interval_s=interval_s,
                           failures=failures, slots=slots[0], slot_context_tokens=slots[1], **deployment)
     if len(scrapes) < 2:
@@ -447,6 +512,10 @@ class MetricsScraper:
     slots: tuple[int | None, int | None] = (None, None)  # llama-server's (slots, slot context), from /props
     version: str | None = None  # the engine's version, where its server says it (`VERSION_PATHS`)
     deployment: dict[str, Any] = field(default_factory=dict)  # its layout and scheduler (`sglang_deployment`)
+    # where else to look when ``url`` answers but not with Prometheus text (bench's default URL only: trtllm-serve's
+    # /metrics is JSON, its Prometheus text is at `TRTLLM_METRICS_PATH`)
+    fallback_url: str | None = None
+    _answered: bool = False  # the last failed scrape got an answer (404, JSON, garbage) rather than none
     _t0_ns: int = 0
     _task: asyncio.Task | None = None
     _file: Any = None
@@ -481,6 +550,7 @@ class MetricsScraper:
             self._fail(f"GET {self.url} did not answer within {self.effective_timeout_s:g} s")
             return False
         except MetricsAbsent as error:
+            self._answered = True
             if not self.scrapes:  # a server without metrics: nothing is wrong with the run's numbers
                 self.failures += 1
                 self.note = (f"server metrics: GET {self.url} answered {error}: the server exports no Prometheus "
@@ -490,6 +560,7 @@ class MetricsScraper:
                 self._fail(f"GET {self.url} gave no Prometheus metrics ({error})")
             return False
         except NotPrometheus as error:
+            self._answered = True
             self._fail(f"GET {self.url} gave no Prometheus metrics ({error})")
             return False
         except (aiohttp.ClientError, OSError, UnicodeError) as error:
@@ -515,7 +586,7 @@ class MetricsScraper:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("w", encoding="utf-8")
-        if await self.scrape("before"):
+        if await self.scrape("before") or await self._scrape_fallback():
             engine = detect_engine(self.scrapes[0].samples)
             if engine == "llamacpp":
                 self.slots = llamacpp_slots(await self.read_json("/props"))
@@ -525,6 +596,19 @@ class MetricsScraper:
                 if engine == "sglang":
                     self.deployment = sglang_deployment(answer)
             self._task = asyncio.create_task(self._loop())
+
+    async def _scrape_fallback(self) -> bool:
+        """The scrape before the run at `fallback_url`, where `url` answered without Prometheus text; on success the
+        scraper stays there (the probe of `url` was no failure of the run's scraping), else the first failure
+        stands."""
+        if self.fallback_url is None or not self._answered:
+            return False
+        first = (self.url, self.warning, self.note, self.failures)
+        self.url, self.warning, self.note, self.failures = self.fallback_url, None, None, 0
+        if await self.scrape("before"):
+            return True
+        self.url, self.warning, self.note, self.failures = first
+        return False
 
     async def read_json(self, path: str) -> Any:
         """The JSON answer of ``path`` beside /metrics (llama-server's /props, an engine's version), once. What it
