@@ -67,3 +67,16 @@ def test_bench_compare_estimate_replays_the_layout_named(tmp_path, capsys):
     block = json.loads(out)["estimate"]
     assert block["inputs"]["dp"] == 8 and block["inputs"]["ep"] == 8 and "tp" not in block["inputs"]
     assert block["predicted"]["engine"]["engine"] == "sglang-0.4" and block["predicted"]["engine"]["dp"] == 8
+
+
+def test_a_sweep_compared_prints_each_levels_measured_and_predicted_figures(tmp_path, capsys):
+    code, out = bench_against_the_fake_server(
+        ["--sweep", "concurrency=1,2", "--requests", "4", "--output-tokens", "5", "--out", str(tmp_path),
+         "--no-progress", "--compare-estimate", "--hardware", "h100-sxm", "--estimate-model", "smollm2-135m"], capsys)
+    assert code == 0
+    compared = out[out.index("vs simulate: smollm2-135m on h100-sxm"):]
+    assert "TPOT ms" in compared and "meas./" in compared and "(engine llama-cpp-cuda)" in compared
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for point in summary["points"]:  # each level's row: its level, then its measured throughput
+        level = f"{point['sweep_value']:g}"
+        assert any(line.split("│")[1].strip() == level for line in compared.splitlines() if line.count("│") > 2)

@@ -230,3 +230,21 @@ def test_calibrate_scores_verify_results_against_what_verify_predicted(cli, tmp_
     assert other.returncode == 0, other.stderr
     assert json.loads(other.stdout)["error_before"]["all"] != pytest.approx(1.0, abs=1e-3)
     assert not any("as verify recorded them" in note for note in json.loads(other.stdout)["notes"])
+
+
+def test_a_fit_that_misses_the_measurements_it_came_from_is_not_saved(cli, tmp_path: Path,
+                                                                       isolated_config: Path) -> None:
+    """A verify run disturbed by other load (decode steps 5-30x slower, unevenly) fits badly: the fit is
+    printed, nothing is saved and the exit code is 2, unless --force."""
+    points = synthetic_points(0.45, 0.35, 0.003)
+    slowdown = iter((6.0, 5.0, 30.0, 20.0, 8.0))  # as a 2-core machine's decode steps with one core taken
+    disturbed = [p.__class__(**{**p.__dict__, "measured_s": p.measured_s * next(slowdown)}) if p.kind == "decode"
+                 else p for p in points]
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(verify_result(disturbed)))
+    refused = cli(["calibrate", str(path), "--name", "disturbed"])
+    assert refused.returncode == 2 and "misses its own measurements" in refused.stderr and "--force" in refused.stderr
+    assert "bw_efficiency" in refused.stdout  # the fit is still shown
+    assert not (isolated_config / "profiles" / "disturbed.toml").exists()
+    forced = cli(["calibrate", str(path), "--name", "disturbed", "--force", "--json"])
+    assert forced.returncode == 0 and json.loads(forced.stdout)["saved"] is True

@@ -103,21 +103,28 @@ def checks_table(summary: RunSummary) -> Table | None:
     return table
 
 
-def estimate_table(block: PredictionBlock) -> Table:
+def estimate_title(block: PredictionBlock, *, skip: tuple[str, ...] = ()) -> Text:
+    """"vs simulate: MODEL on HARDWARE (its inputs, the engine it ran and where each came from)"; ``skip``: inputs
+    left out (a sweep's table has a column for them)."""
     parts = []
     layout_keys = [key for key in ("tp", "dp", "ep") if key in block.inputs]
     for key, value in block.inputs.items():
-        if key in ("engine_from_server", "tp_from_server", "layout_from_server"):  # flags: where others came from
+        if key in ("engine_from_server", "tp_from_server", "layout_from_server") or key in skip:  # flags, columns
             continue
         # the layout's last figure says where the layout came from (tp_from_server: runs of before dp and ep)
         from_server = "layout_from_server" in block.inputs or "tp_from_server" in block.inputs
         parts.append(f"{key} {value:g}" + (" (the server's)" if from_server and key in layout_keys[-1:] else ""))
-    inputs = ", ".join(parts)
     engine = (block.predicted.get("engine") or {}) if isinstance(block.predicted, dict) else {}
     name = engine.get("engine") if isinstance(engine, dict) else None
     if isinstance(name, str):  # the profile the replay ran (a catalog key), and why
-        inputs += f", engine {name}" + (" (the server's, from its /metrics)" if "engine_from_server" in block.inputs else "")
-    table = Table(title=Text(f"vs {block.method}: {block.model} on {block.hardware} ({inputs})"), title_justify="left")
+        parts.append(f"engine {name}" + (" (the server's, from its /metrics)" if "engine_from_server" in block.inputs
+                                         else ""))
+    inputs = ", ".join(parts)
+    return Text(f"vs {block.method}: {block.model} on {block.hardware} ({inputs})")
+
+
+def estimate_table(block: PredictionBlock) -> Table:
+    table = Table(title=estimate_title(block), title_justify="left")
     for column in ("metric", "measured", "predicted", "measured/predicted"):
         table.add_column(column, justify="right" if column != "metric" else "left")
     fmt = (lambda v: "-" if v is None else f"{v:.4g}")
@@ -146,6 +153,40 @@ def sweep_table(summary: SweepSummary) -> Table:
     return table
 
 
+#: What a sweep's comparison shows per level: (column, comparison key).
+SWEEP_COMPARED = (("TTFT p50 ms", "ttft_s.p50"), ("TPOT ms", "tpot_s.mean"), ("out tok/s", "output_tok_s"))
+
+
+def sweep_estimate_table(summary: SweepSummary) -> Table | None:
+    """Each level's measured and predicted (pred.) TTFT p50, mean TPOT and output throughput, where
+    --compare-estimate replayed them (the title is the first replayed level's; every figure and percentile is in each
+    level's summary)."""
+    blocks = [point.estimate for point in summary.points if point.estimate is not None]
+    if not blocks:
+        return None
+    table = Table(title=estimate_title(blocks[0], skip=("requests", "concurrency", "rate", "prompt", "output")),
+                  title_justify="left")
+    table.add_column(summary.sweep.parameter, justify="right")
+    for column, _ in SWEEP_COMPARED:
+        table.add_column(column, justify="right")
+        table.add_column("pred.", justify="right")
+    table.add_column("tok/s meas./ pred.", justify="right")
+    fmt = (lambda v, scale=1.0: "-" if v is None else f"{v * scale:,.4g}")
+    for point in summary.points:
+        if point.estimate is None:
+            continue
+        rows = point.estimate.comparison
+        cells = [f"{point.sweep_value or 0:g}"]
+        for _, key in SWEEP_COMPARED:
+            row = rows.get(key)
+            scale = 1.0 if key == "output_tok_s" else 1000.0
+            cells += [fmt(row.measured if row else None, scale), fmt(row.predicted if row else None, scale)]
+        throughput = rows.get("output_tok_s")
+        cells.append(fmt(throughput.ratio if throughput else None))
+        table.add_row(*cells)
+    return table
+
+
 def self_check_flag(checks: SelfChecks | None) -> str:
     """One word or a few for a sweep level: ok, or which self-check failed (details in its summary.json)."""
     if checks is None:
@@ -165,6 +206,9 @@ def self_check_flag(checks: SelfChecks | None) -> str:
 def print_summary(console: Console, summary: RunSummary | SweepSummary) -> None:
     if isinstance(summary, SweepSummary):
         console.print(sweep_table(summary))
+        compared = sweep_estimate_table(summary)
+        if compared is not None:
+            console.print(compared)
         return
     console.print(summary_table(summary))
     console.print(totals_table(summary))

@@ -256,7 +256,8 @@ def calibrate_command(
                                            "(default: the machine measured by verify, else the bench run's hardware)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the profile TOML here instead of the config dir."),
     force: bool = flag_option("--force/--no-force", "Save the fit even when it predicts the measurements worse than "
-                                                    "the defaults did.", default=False),
+                                                    "the defaults did, or misses them by more than 25% on average.",
+                              default=False),
     json_output: bool = flag_option("--json/--no-json", "Print the fit as JSON.", default=False),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Bench run directory: the model the server ran "
                                         "(default: the model name the run recorded)."),
@@ -269,7 +270,7 @@ def calibrate_command(
     """Fit achievable bandwidth/FLOPs fractions and per-step overhead, and save them as a hardware profile.
 
     The fit is always printed; it is saved only when it predicts the measurements at least as well as the
-    defaults did (or with --force). A profile that cannot be written is an error after the fit is shown.
+    defaults did and misses them by at most 25% on average (or with --force). A profile that cannot be written is an error after the fit is shown.
     A bench sweep directory is fitted on a fixed half of its levels and scored on the others (printed).
     """
     if any(path.is_dir() for path in results):
@@ -284,7 +285,8 @@ def calibrate_command(
     from speedlimit.catalog import resolve_hardware
     from speedlimit.catalog.profiles import profile_path, profiles_dir, save_profile
     from speedlimit.estimator.api import bandwidth_reach
-    from speedlimit.verify.fit import LAYOUT_FIELDS, fit_calibration, load_calibration_inputs, prior_efficiency, profile_record
+    from speedlimit.verify.fit import (LAYOUT_FIELDS, MAX_OWN_ERROR, fit_calibration, load_calibration_inputs,
+                                       prior_efficiency, profile_record)
 
     profile_path(name)  # validate the name before any work
     if out is not None and out.is_dir():
@@ -316,6 +318,12 @@ def calibrate_command(
     if before is not None and after is not None and after > before and not force:
         problem = (f"not saved: the fit predicts these measurements worse than the defaults (mean error {after:.0%} vs "
                    f"{before:.0%}); check the inputs, or pass --force to save it anyway")
+    elif after is not None and after > MAX_OWN_ERROR and not force:
+        # the same bar as a bench sweep's fit: a profile that misses the measurements it was made from is no
+        # description of the machine (a verify run disturbed by other load gives such points)
+        problem = (f"not saved: the fit misses its own measurements by {after:.0%} on average (more than "
+                   f"{MAX_OWN_ERROR:.0%}): they do not follow the step model; rerun verify on an idle machine, or pass "
+                   "--force to save it anyway")
     else:
         try:
             path = save_profile(name, profile_record(name, base, fit, [str(p) for p in results]), out)
