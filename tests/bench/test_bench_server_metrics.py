@@ -293,8 +293,9 @@ class _MetricsApp:
         return web.Response(text=VLLM_BEFORE, content_type="text/plain")
 
 
-async def scrape_routes(routes: dict, *, run_s: float = 0.25, path=None):
-    """Serve ``routes`` (path -> aiohttp handler) on 127.0.0.1 and run a scraper of its /metrics for ``run_s``."""
+async def scrape_routes(routes: dict, *, run_s: float = 0.25, path=None, fallback: bool = False):
+    """Serve ``routes`` (path -> aiohttp handler) on 127.0.0.1 and run a scraper of its /metrics for ``run_s``; with
+    ``fallback``, as bench's default URL is scraped: with trtllm-serve's /prometheus/metrics to fall back on."""
     from aiohttp import web
 
     app = web.Application()
@@ -307,8 +308,9 @@ async def scrape_routes(routes: dict, *, run_s: float = 0.25, path=None):
     port = site._server.sockets[0].getsockname()[1]
     try:
         async with aiohttp.ClientSession() as session:
-            scraper = MetricsScraper(session, f"http://127.0.0.1:{port}/metrics", interval_s=0.05, path=path,
-                                     timeout_s=0.3)
+            root = f"http://127.0.0.1:{port}"
+            scraper = MetricsScraper(session, root + "/metrics", interval_s=0.05, path=path, timeout_s=0.3,
+                                     fallback_url=root + "/prometheus/metrics" if fallback else None)
             await scraper.start()
             await asyncio.sleep(run_s)
             await scraper.finish()
@@ -717,27 +719,8 @@ class _TrtllmApp:
 
 
 async def _scrape_trtllm(app: _TrtllmApp, *, fallback: bool = True):
-    from aiohttp import web
-
-    server = web.Application()
-    server.router.add_get("/metrics", app.json_metrics)
-    server.router.add_get("/prometheus/metrics", app.prometheus)
-    server.router.add_get("/version", app.version)
-    runner = web.AppRunner(server)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    root = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            scraper = MetricsScraper(session, root + "/metrics", interval_s=0.05, timeout_s=0.3,
-                                     fallback_url=root + "/prometheus/metrics" if fallback else None)
-            await scraper.start()
-            await asyncio.sleep(0.1)
-            await scraper.finish()
-            return scraper, root
-    finally:
-        await runner.cleanup()
+    return await scrape_routes({"/metrics": app.json_metrics, "/prometheus/metrics": app.prometheus,
+                                "/version": app.version}, run_s=0.1, fallback=fallback)
 
 
 def test_trtllm_serve_is_scraped_where_it_exports_prometheus_text():
@@ -746,10 +729,11 @@ def test_trtllm_serve_is_scraped_where_it_exports_prometheus_text():
     from speedlimit.bench.describe import server_lines
 
     app = _TrtllmApp()
-    scraper, root = asyncio.run(_scrape_trtllm(app))
+    scraper = asyncio.run(_scrape_trtllm(app))
     block = scraper.summary()
     assert app.json_hits == 1 and scraper.warning is None and scraper.note is None and block.failures == 0
-    assert block.url == root + "/prometheus/metrics" and block.engine == "trtllm" and block.version == "1.3.0rc5"
+    assert block.url.startswith("http://127.0.0.1:") and block.url.endswith("/prometheus/metrics")
+    assert block.engine == "trtllm" and block.version == "1.3.0rc5"
     assert (block.tp, block.ep, block.pp) == (4, 4, None)
     assert block.kv_capacity_tokens == 4096 * 32 and block.kv_block_size == 32  # one rank's, not summed over pids
     assert block.batched_tokens == 8192 and block.max_running is None  # 0: the PyTorch backend leaves it unset
@@ -761,9 +745,9 @@ def test_trtllm_serve_is_scraped_where_it_exports_prometheus_text():
 
 
 def test_a_metrics_url_given_is_kept_even_where_it_has_no_prometheus_text():
-    scraper, root = asyncio.run(_scrape_trtllm(_TrtllmApp(), fallback=False))
+    scraper = asyncio.run(_scrape_trtllm(_TrtllmApp(), fallback=False))
     assert scraper.summary() is None and "gave no Prometheus metrics" in scraper.warning
-    assert scraper.url == root + "/metrics"
+    assert scraper.url.endswith("/metrics") and "prometheus" not in scraper.url
 
 
 def test_a_trtllm_deployment_replays_on_its_profile_and_layout():
@@ -795,28 +779,9 @@ def test_trtllm_gauges_give_a_layout_and_limits_only_where_they_are_whole_and_in
 
 def test_where_neither_url_has_prometheus_text_the_first_answer_is_what_the_note_says():
     """llama-server without --metrics: 404 at /metrics and at /prometheus/metrics; the note names /metrics."""
-    from aiohttp import web
-
-    async def main():
-        server = web.Application()
-        runner = web.AppRunner(server)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        root = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        try:
-            async with aiohttp.ClientSession() as session:
-                scraper = MetricsScraper(session, root + "/metrics", timeout_s=0.3,
-                                         fallback_url=root + "/prometheus/metrics")
-                await scraper.start()
-                await scraper.finish()
-                return scraper, root
-        finally:
-            await runner.cleanup()
-
-    scraper, root = asyncio.run(main())
+    scraper = asyncio.run(scrape_routes({}, run_s=0, fallback=True))
     assert scraper.summary() is None and scraper.warning is None and scraper.failures == 1
-    assert scraper.url == root + "/metrics" and f"GET {root}/metrics answered HTTP 404" in scraper.note
+    assert "prometheus" not in scraper.url and f"GET {scraper.url} answered HTTP 404" in scraper.note
 
 
 @settings(max_examples=80, deadline=None)
