@@ -156,9 +156,9 @@ def server_layout(server: ServerMetrics | None) -> dict[str, int] | None:
         return {"tp": tp, "dp": dp, "ep": ep}
     attention = ", data-parallel attention" if server.dp_attention else ""
     stages = f", pp_size {pp}" if pp > 1 else ""  # the replay takes no pipeline stages (simulate --pp does)
-    raise SpeedlimitError(f"the server reports tp_size {tp}, dp_size {dp}, ep_size {ep}{stages}{attention}: a layout the "
-                          "replay does not take from it; describe the deployment with --tp, --dp and --ep (ep 1 or "
-                          "tp × dp)")
+    raise SpeedlimitError(f"the server reports tp_size {tp}, dp_size {dp}, ep_size {ep}{stages}{attention}: a layout "
+                          "the replay does not take from it; describe the deployment with --tp, --dp and --ep (ep 1 "
+                          "or tp × dp)")
 
 
 #: What the replay takes from the server's own account of its scheduler, unless the spec sets it: (spec key, the

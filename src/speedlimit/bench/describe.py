@@ -70,8 +70,9 @@ def server_lines(server: ServerMetrics) -> list[tuple[str, str]]:
         context = f" ({server.slot_context_tokens:,}-token context each)" if server.slot_context_tokens else ""
         rows.append(("  slots", f"{server.slots:,}{context}"))
     if server.tp is not None:
-        layout = [f"{name} {value}" for name, value in (("tp", server.tp), ("pp", server.pp), ("dp", server.dp),
-                                                         ("ep", server.ep)) if value is not None] + (["data-parallel attention"] if server.dp_attention else [])
+        sizes = (("tp", server.tp), ("pp", server.pp), ("dp", server.dp), ("ep", server.ep))
+        layout = [f"{name} {value}" for name, value in sizes if value is not None]
+        layout += ["data-parallel attention"] if server.dp_attention else []
         rows.append(("  layout", ", ".join(layout)))
     scheduler = [f"{server.batched_tokens:,} tokens a prefill step" if server.batched_tokens is not None else "",
                  f"at most {server.max_running:,} running" if server.max_running is not None else ""]

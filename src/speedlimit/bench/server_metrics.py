@@ -2,9 +2,10 @@
 
 vLLM (``vllm:``), SGLang (``sglang:``), TGI (``tgi_``), llama.cpp's ``llama-server --metrics`` (``llamacpp:``) and
 TensorRT-LLM's ``trtllm-serve`` (``trtllm_``) export their own view of a run: requests running and waiting, KV-cache
-use, prefix-cache hits, token counters and (vLLM, SGLang, TGI, TensorRT-LLM) latency histograms. The text is parsed with ``prometheus_client.parser`` (the Prometheus project's
-Python client), never by hand. Each scrape becomes one line of ``server_metrics.jsonl`` in the run directory: every
-sample of the server's own families, summed over label sets (histogram buckets keep their ``le``).
+use, prefix-cache hits, token counters and (vLLM, SGLang, TGI, TensorRT-LLM) latency histograms. The text is parsed
+with ``prometheus_client.parser`` (the Prometheus project's Python client), never by hand. Each scrape becomes one
+line of ``server_metrics.jsonl`` in the run directory: every sample of the server's own families, summed over label
+sets (histogram buckets keep their ``le``).
 
 `summarize_server` maps the known names onto one typed `ServerMetrics` block: gauges as mean/max over the run's
 scrapes, counters and histograms as the difference between the scrape after the run and the one before it (so what
@@ -32,10 +33,11 @@ Metric names (checked against each project's docs and source, Dec 2026):
   cache when the cache is unified (``--kv-unified``, where every slot reports the whole pool), so no capacity is
   derived from them.
 
-- TensorRT-LLM: ``trtllm-serve`` with ``return_perf_metrics`` (1.3.0rc5 on: the ``trtllm_`` prefix;
-  tensorrt_llm/metrics/collector.py) exports Prometheus text at ``/prometheus/metrics`` while its ``/metrics`` answers
-  JSON iteration statistics, so where bench's default URL answers without Prometheus text it looks there once
-  (`TRTLLM_METRICS_PATH`; never where ``--metrics-url`` was given). Its gauges also say its layout
+- TensorRT-LLM: ``trtllm-serve`` with ``return_perf_metrics`` (builds with the ``trtllm_`` prefix, from about
+  1.3.0rc5 per ai-dynamo/dynamo PR #6469; tensorrt_llm/metrics/collector.py) exports Prometheus text at
+  ``/prometheus/metrics`` while its ``/metrics`` answers JSON iteration statistics, so where bench's default URL
+  answers without Prometheus text it looks there once (`TRTLLM_METRICS_PATH`; never where ``--metrics-url`` was
+  given). Its gauges also say its layout
   (``trtllm_parallel_config_info`` labels), its KV cache (``kv_cache_max_blocks`` x ``kv_cache_tokens_per_block``,
   one rank's) and its step limits (`trtllm_deployment`). Builds before the prefix exported five unprefixed families
   that name no engine: they are not read.
@@ -101,7 +103,7 @@ PARALLEL_SIZES = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", 
 #: blocks x tokens per block (one rank's KV-cache manager).
 KV_CAPACITY = {"vllm": (CACHE_BLOCKS, CACHE_BLOCK_SIZE), "sglang": ("sglang:max_total_num_tokens", None),
                "trtllm": ("trtllm_kv_cache_max_blocks", "trtllm_kv_cache_tokens_per_block")}
-#: TensorRT-LLM's scheduler limits (gauges; the PyTorch backend may leave them 0, which means not reported).
+#: TensorRT-LLM's scheduler limits (gauges; 0, as the PyTorch backend may leave them, means not reported).
 TRTLLM_SCHEDULER = {"max_running": "trtllm_max_batch_size_runtime", "batched_tokens": "trtllm_max_num_tokens_runtime"}
 #: Gauges that are a fraction, a size or a limit per engine instance: averaged over label sets, not summed.
 FRACTION_GAUGES = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
@@ -144,7 +146,8 @@ HISTOGRAMS: dict[str, dict[str, tuple[str, ...]]] = {
     "llamacpp": {},
     "trtllm": {"ttft_s": ("trtllm_time_to_first_token_seconds",), "tpot_s": ("trtllm_time_per_output_token_seconds",),
                "e2e_s": ("trtllm_e2e_request_latency_seconds",), "queue_s": ("trtllm_request_queue_time_seconds",),
-               "prefill_s": ("trtllm_request_prefill_time_seconds",), "decode_s": ("trtllm_request_decode_time_seconds",)},
+               "prefill_s": ("trtllm_request_prefill_time_seconds",),
+               "decode_s": ("trtllm_request_decode_time_seconds",)},
 }
 
 
@@ -283,8 +286,8 @@ def trtllm_deployment(samples: dict[str, float]) -> dict[str, int]:
     """TensorRT-LLM's layout and scheduler limits from a scrape (tensorrt_llm/metrics/collector.py,
     ``log_config_info`` and ``log_iteration_stats``): ``tp``, ``pp`` and ``ep`` from the parallel-config info gauge's
     labels (``expert_parallel_size`` only where the server runs its MoE expert-parallel; pp and ep kept where > 1),
-    ``max_running`` and ``batched_tokens`` from its runtime batch-size and token limits (0 under the PyTorch backend,
-    which does not fill them: not kept). Each only where it is a whole number in range."""
+    ``max_running`` and ``batched_tokens`` from its runtime batch-size and token limits (the PyTorch backend's
+    executor does not appear to fill them, leaving 0: not kept). Each only where it is a whole number in range."""
     found: dict[str, int] = {}
     for key, label in PARALLEL_SIZES.items():
         value = _whole_gauge(samples.get(f"{PARALLEL_INFO}{{{label}}}"), MAX_SERVER_TP)

@@ -270,7 +270,8 @@ def calibrate_command(
     """Fit achievable bandwidth/FLOPs fractions and per-step overhead, and save them as a hardware profile.
 
     The fit is always printed; it is saved only when it predicts the measurements at least as well as the
-    defaults did and misses them by at most 25% on average (or with --force). A profile that cannot be written is an error after the fit is shown.
+    defaults did and misses them by at most 25% on average (or with --force). A profile that cannot be written is an
+    error after the fit is shown.
     A bench sweep directory is fitted on a fixed half of its levels and scored on the others (printed).
     """
     if any(path.is_dir() for path in results):
