@@ -52,6 +52,16 @@ def flag_name(field: str) -> str:
     return flag.names[0] if flag else "--" + field.replace("_", "-")
 
 
+def check_layout(tp: int, pp: int, dp: int, ep: int) -> None:
+    """Raise ValueError where the devices' layout cannot be: more than `MAX_DEVICES` devices, or experts split over
+    other than every device of a pipeline stage."""
+    if tp * pp * dp > MAX_DEVICES:
+        raise ValueError(f"--tp × --pp × --dp is {tp * pp * dp:,} devices, more than {MAX_DEVICES:,}")
+    if ep > 1 and ep != tp * dp:
+        raise ValueError(f"--ep {ep} must be 1 or --tp × --dp = {tp * dp}: the experts are split over every device of "
+                         "a pipeline stage (vLLM's expert-parallel group is its TP × DP group)")
+
+
 class Scenario(BaseModel):
     """One configuration to estimate. Conflicting inputs are an error that names both.
 
@@ -215,11 +225,7 @@ class Scenario(BaseModel):
 
     @model_validator(mode="after")
     def _parallelism(self) -> Scenario:
-        if self.devices > MAX_DEVICES:
-            raise ValueError(f"--tp × --pp × --dp is {self.devices:,} devices, more than {MAX_DEVICES:,}")
-        if self.ep > 1 and self.ep != self.tp * self.dp:
-            raise ValueError(f"--ep {self.ep} must be 1 or --tp × --dp = {self.tp * self.dp}: the experts are split over "
-                             "every device of a pipeline stage (vLLM's expert-parallel group is its TP × DP group)")
+        check_layout(self.tp, self.pp, self.dp, self.ep)
         if self.ideal:
             for field in ("pp", "dp", "ep"):
                 if getattr(self, field) > 1:

@@ -28,7 +28,7 @@ from speedlimit.cli.bench_view import LiveProgress, print_interrupted, print_sum
 from speedlimit.bench.runner import BenchRunner, LoadPlan, WorkloadPlan, check_out_dir, parse_sweep, prepare_out_dir
 from speedlimit.bench.workload import parse_length_spec
 from speedlimit.errors import SpeedlimitError
-from speedlimit.scenario import MAX_TP
+from speedlimit.scenario import MAX_TP, check_layout
 
 
 def _extra_body(text: str | None) -> dict[str, Any]:
@@ -159,9 +159,10 @@ def bench_command(
     for flag, value in (("tp", tp), ("dp", dp), ("ep", ep)):
         if value is not None and not 1 <= value <= MAX_TP:
             raise SpeedlimitError(f"--{flag} must be a whole number of GPUs from 1 to {MAX_TP}, got {value}")
-    if ep is not None and ep != 1 and ep != (tp or 1) * (dp or 1):
-        raise SpeedlimitError(f"--ep {ep} must be 1 or --tp × --dp = {(tp or 1) * (dp or 1)}: the experts are split "
-                              "over every GPU of the layout")
+    try:
+        check_layout(tp or 1, 1, dp or 1, ep or 1)
+    except ValueError as error:
+        raise SpeedlimitError(str(error)) from None
     if not compare_estimate and any(v is not None for v in (engine, tp, dp, ep, weights, replay_engine)):
         raise SpeedlimitError("--engine, --tp, --dp, --ep, --weights and --replay-engine describe the server for "
                               "--compare-estimate: add --compare-estimate --hardware NAME")
