@@ -546,12 +546,13 @@ def test_calibrate_refuses_a_fit_worse_than_the_defaults_unless_forced(isolated:
     results = write_config(isolated / "verify.json", verify_result(decode=rows, prefill=[]))
     refused = check(invoke("calibrate", str(results), "--json"), codes=(0, 2))
     fit = json.loads(refused.out)
-    if fit["error_after"]["all"] > fit["error_before"]["all"]:
+    # refused: a fit worse than the defaults, or one that misses its own measurements by more than 25%
+    if fit["error_after"]["all"] > fit["error_before"]["all"] or fit["error_after"]["all"] > 0.25:
         assert refused.code == 2 and "--force" in refused.err and not fit["saved"]
         assert not (isolated / "config" / "profiles" / "local.toml").exists()
         forced = check(invoke("calibrate", str(results), "--json", "--force"), codes=(0,))
         assert json.loads(forced.out)["saved"]
-    else:  # the fit happened to be better: then it must have been saved
+    else:  # the fit happened to be better and close: then it must have been saved
         assert refused.code == 0 and fit["saved"]
 
 
