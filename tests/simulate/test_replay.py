@@ -274,3 +274,26 @@ def test_sglangs_running_cap_and_prefill_budget_bound_the_replay_unless_the_spec
         "max_batched_tokens=512,max_seqs=48", {"max_seqs_from_server": 48.0})
     # llama-server's slots come first where a server somehow reports both
     assert with_server_engine(None, server.model_copy(update={"slots": 4}))[0] == "max_seqs=4,max_batched_tokens=4096"
+
+
+def test_a_catalog_model_priced_at_other_weights_than_the_served_gguf_is_warned_of():
+    """llama-server names its model by the GGUF path it loaded: where that file is here and --estimate-model names
+    the catalog model without --weights, the replay prices the catalog's bf16 weights, and the run says so."""
+    from speedlimit.bench.compare import served_file_mismatch
+    from speedlimit.bundled import default_gguf_path
+    from speedlimit.catalog import resolve_model
+
+    served = str(default_gguf_path())
+    catalog = resolve_model("smollm2-135m")
+    warning = served_file_mismatch(served, "smollm2-135m", catalog, None)
+    assert warning is not None and "SmolLM2-135M-Instruct.Q4_1.gguf (q4_1)" in warning and "--weights q4_1" in warning
+    assert served_file_mismatch(served, "smollm2-135m", catalog, "q4_1") is None  # the format is given
+    assert served_file_mismatch(served, served, resolve_model(served), None) is None  # the file itself is priced
+    assert served_file_mismatch(served, None, resolve_model(served), None) is None
+    assert served_file_mismatch("/no/such/model.gguf", "smollm2-135m", catalog, None) is None
+    assert served_file_mismatch("meta-llama/Llama-3.1-8B", "llama-3.1-8b", resolve_model("llama-3.1-8b"), None) is None
+    # through the replay: the run's warnings carry it once
+    run = simulate("smollm2-135m", "l40s", concurrency=1, requests=2, prompt_tokens=16, output_tokens=4)
+    replay_for(run.summary, run.records, hardware="l40s", served_model=served, estimate_model="smollm2-135m")
+    replay_for(run.summary, run.records, hardware="l40s", served_model=served, estimate_model="smollm2-135m")
+    assert run.summary.warnings.count(warning) == 1

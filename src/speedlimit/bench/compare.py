@@ -90,6 +90,9 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     from speedlimit.simulator import replay
 
     architecture = _architecture(served_model, estimate_model)
+    mismatch = served_file_mismatch(served_model, estimate_model, architecture, weights)
+    if mismatch is not None and mismatch not in summary.warnings:
+        summary.warnings.append(mismatch)
     # the shared prefixes it sent (bench's endpoint block; a simulated run's engine block)
     sent = ((summary.endpoint or {}).get("workload") or (summary.engine or {}).get("workload") or {})
     engine, taken = with_server_engine(engine, summary.server)
@@ -216,6 +219,31 @@ def server_profile(server: ServerMetrics | None, hardware: str) -> str | None:
     if getattr(device, "engine", None) or device.kind not in catalog_engine(key).devices:
         return None
     return key
+
+
+def served_file_mismatch(served_model: str | None, estimate_model: str | None, architecture: Any,
+                         weights: str | None) -> str | None:
+    """A warning where the server serves a GGUF file on this machine (llama-server names its model by the path it
+    loaded) in another format than the one ``estimate_model`` is priced at (a catalog name without --weights: its
+    shipped weights, bf16 unless the checkpoint says otherwise), else None."""
+    if not estimate_model or weights is not None or architecture.weight_bytes is not None \
+            or not served_model or not served_model.lower().endswith(".gguf"):
+        return None
+    from pathlib import Path
+
+    from speedlimit.catalog import resolve_model
+
+    path = Path(served_model)
+    try:
+        served = resolve_model(served_model) if path.is_file() else None
+    except (SpeedlimitError, OSError):
+        return None
+    file_type = served.weight_bytes.file_type if served is not None and served.weight_bytes else ""
+    priced = architecture.shipped_weights or "bf16"
+    if not file_type or file_type.lower() == priced.lower():
+        return None
+    return (f"the server serves {path.name} ({file_type}), but the replay prices --estimate-model {estimate_model} at "
+            f"{priced}: pass --weights {file_type.lower()}, or --estimate-model with that file's path")
 
 
 def _architecture(served_model: str | None, estimate_model: str | None):
