@@ -107,12 +107,12 @@ def estimate_title(block: PredictionBlock, *, skip: tuple[str, ...] = ()) -> Tex
     """"vs simulate: MODEL on HARDWARE (its inputs, the engine it ran and where each came from)"; ``skip``: inputs
     left out (a sweep's table has a column for them)."""
     parts = []
+    # the layout's last figure says where the layout came from (tp_from_server: runs of before dp and ep)
     layout_keys = [key for key in ("tp", "dp", "ep") if key in block.inputs]
+    from_server = "layout_from_server" in block.inputs or "tp_from_server" in block.inputs
     for key, value in block.inputs.items():
         if key in ("engine_from_server", "tp_from_server", "layout_from_server") or key in skip:  # flags, columns
             continue
-        # the layout's last figure says where the layout came from (tp_from_server: runs of before dp and ep)
-        from_server = "layout_from_server" in block.inputs or "tp_from_server" in block.inputs
         parts.append(f"{key} {value:g}" + (" (the server's)" if from_server and key in layout_keys[-1:] else ""))
     engine = (block.predicted.get("engine") or {}) if isinstance(block.predicted, dict) else {}
     name = engine.get("engine") if isinstance(engine, dict) else None
