@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from speedlimit.artifacts import Distribution, RequestRecord, RunSummary, SweepInfo, SweepSummary
+from speedlimit.artifacts import Comparison, Distribution, PredictionBlock, RequestRecord, RunSummary, SweepInfo, SweepSummary
 from speedlimit.bench.metrics import summarize
 from speedlimit.errors import SpeedlimitError
 from speedlimit.report import build_report
+from speedlimit.report.plots import compared_points
 from tests.report.test_report import PNG_MAGIC, embedded_pngs, fake_requests, sections, write_jsonl
 
 
@@ -155,3 +156,39 @@ def test_report_of_a_simulated_run_above_saturation_says_the_queue_grows(tmp_pat
     _simulate("--sweep", "rate=1,5000", "--requests", "200", "--max-seqs", "8", "--out", str(tmp_path / "sweep"))
     text = " ".join(build_report(tmp_path / "sweep").read_text(encoding="utf-8").split())
     assert "At rate 5000, the offered rate 5000 req/s exceeds" in text and "At rate 1," not in text
+
+
+def compared_sweep(method: str = "simulate") -> SweepSummary:
+    """A measured sweep whose levels carry what `bench --compare-estimate` predicted (an estimate block each)."""
+    measured = sweep("bench", [50, 95, 170, 190], [0.05, 0.06, 0.09, 0.2])
+    for point, tok_s in zip(measured.points, [55.0, 100.0, None, 210.0]):
+        rows = {"ttft_s.p50": Comparison(measured=point.ttft_s.p50, predicted=point.ttft_s.p50 / 2),
+                "ttft_s.p99": Comparison(measured=point.ttft_s.p99, predicted=float("nan")),
+                "tpot_s.p50": Comparison(measured=point.tpot_s.p50, predicted=0.02)}
+        if tok_s is not None:  # the third level's prediction has no throughput: it is not drawn
+            rows["output_tok_s"] = Comparison(measured=point.output_tok_s, predicted=tok_s)
+        point.estimate = PredictionBlock(model="m", hardware="h", method=method, comparison=rows)
+    return measured
+
+
+@pytest.mark.parametrize("method, label", [("simulate", "predicted (replay)"), ("estimate", "predicted (estimate)")])
+def test_compared_points_are_the_stored_predictions_level_by_level(method, label):
+    name, points = compared_points(compared_sweep(method))
+    assert name == label
+    assert [(p.sweep_value, p.output_tok_s) for p in points] == [(1.0, 55.0), (2.0, 100.0), (8.0, 210.0)]
+    assert [p.ttft_s.p50 for p in points] == [0.025, 0.03, 0.1]
+    assert all(p.ttft_s.p99 is None and p.tpot_s.p50 == 0.02 and p.tpot_s.p99 is None for p in points)
+    assert compared_points(sweep("bench", [1, 2, 3, 4], [0.1] * 4)) == ("predicted (estimate)", [])
+
+
+def test_a_compared_sweep_draws_its_predictions_on_the_sweep_plot(tmp_path):
+    """`bench --sweep ... --compare-estimate` then `report`: the stored predictions are a curve on the sweep plot,
+    and the text says what the dotted curve is."""
+    compared_sweep().save(tmp_path / "compared" / "summary.json")
+    sweep("bench", [50, 95, 170, 190], [0.05, 0.06, 0.09, 0.2]).save(tmp_path / "plain" / "summary.json")
+    compared = build_report(tmp_path / "compared", tmp_path / "out-compared")
+    plain = build_report(tmp_path / "plain", tmp_path / "out-plain")
+    text = compared.read_text(encoding="utf-8")
+    assert "Dotted with triangles: predicted (replay), what --compare-estimate predicted at each level" in text
+    assert "Dotted with triangles" not in plain.read_text(encoding="utf-8")
+    assert (compared.parent / "sweep.png").read_bytes() != (plain.parent / "sweep.png").read_bytes()

@@ -148,11 +148,15 @@ def _sweep(sweep: SweepSummary, out_dir: Path, predicted: SweepSummary | None) -
     sweeps = [(ROLE.get(sweep.points[0].source, sweep.points[0].source), sweep)]
     if predicted is not None:
         sweeps.append(("predicted", predicted))
+    compared = plots.compared_points(sweep)
+    if compared[1]:
+        knee += (f" Dotted with triangles: {compared[0]}, what --compare-estimate predicted at each level"
+                 " (the per-level tables under \"Measured vs predicted\").")
     return {
         "knee": knee,
         "head": [parameter, "output tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "ITL p50", "ITL p99", "E2E p50", "failed"],
         "rows": rows,
-        "image": _image(plots.plot_sweep(sweeps, out_dir / "sweep.png")),
+        "image": _image(plots.plot_sweep(sweeps, out_dir / "sweep.png", compared if compared[1] else None)),
     }
 
 

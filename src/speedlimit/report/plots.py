@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import matplotlib
 
@@ -194,30 +194,76 @@ def sweep_points(sweep: SweepSummary) -> list[RunSummary]:
     return sorted((p for p in sweep.points if p.sweep_value is not None), key=lambda p: p.sweep_value)
 
 
-def plot_sweep(sweeps: list[tuple[str, SweepSummary]], out_path: Path) -> Path | None:
+class Quantiles(NamedTuple):
+    p50: float | None
+    p99: float | None
+
+
+class CurvePoint(NamedTuple):
+    """One load level of a predicted curve, with the attributes `plot_sweep` reads from a `RunSummary`."""
+
+    sweep_value: float
+    output_tok_s: float
+    ttft_s: Quantiles
+    tpot_s: Quantiles
+
+
+def _predicted(point: RunSummary, metric: str) -> float | None:
+    row = point.estimate.comparison.get(metric) if point.estimate is not None else None
+    value = row.predicted if row is not None else None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def compared_points(sweep: SweepSummary) -> tuple[str, list[CurvePoint]]:
+    """What `bench --sweep ... --compare-estimate` predicted at each load level (each point's estimate block), as a
+    curve the sweep plot draws beside the measured one, and its legend label (the replay, or the static estimate)."""
+    points = []
+    methods = set()
+    for point in sweep_points(sweep):
+        tok_s = _predicted(point, "output_tok_s")
+        if tok_s is None or tok_s <= 0:
+            continue
+        methods.add(point.estimate.method)
+        points.append(CurvePoint(point.sweep_value, tok_s,
+                                 *(Quantiles(_predicted(point, f"{metric}.p50"), _predicted(point, f"{metric}.p99"))
+                                   for metric in ("ttft_s", "tpot_s"))))
+    label = "predicted (replay)" if methods == {"simulate"} else "predicted (estimate)"
+    return label, points
+
+
+def plot_sweep(sweeps: list[tuple[str, SweepSummary]], out_path: Path,
+               compared: tuple[str, list[CurvePoint]] | None = None) -> Path | None:
     """Throughput vs load, and latency (p50/p99 TTFT and TPOT) vs throughput, every sweep on the same axes; the
-    first sweep solid with its knee marked, the others dashed (e.g. measured vs predicted)."""
-    if not any(sweep_points(sweep) for _, sweep in sweeps):
+    first sweep solid with its knee marked, the others dashed (e.g. measured vs predicted), and ``compared`` (the
+    prediction `bench --compare-estimate` stored at each level, `compared_points`) dotted."""
+    # (label, points, (marker, line style, throughput colour)): the first sweep solid, other sweeps dashed, the
+    # stored prediction dotted
+    series: list[tuple[str, list, tuple[str, str, str]]] = [
+        (label, sweep_points(sweep), ("o", "-", BLUE) if number == 0 else ("s", "--", GREY))
+        for number, (label, sweep) in enumerate(sweeps)]
+    if compared is not None and compared[1]:
+        series.append((*compared, ("^", ":", RED)))
+    if not any(points for _, points, _ in series):
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4.8), layout="constrained")
     parameter = sweeps[0][1].sweep.parameter
-    for number, (label, sweep) in enumerate(sweeps):
-        points = sweep_points(sweep)
+    for number, (label, points, (marker0, line, color0)) in enumerate(series):
         if not points:
             continue
         first = number == 0
         loads = [p.sweep_value for p in points]
         tput = [p.output_tok_s for p in points]
-        left.plot(loads, tput, "o-" if first else "s--", color=BLUE if first else GREY, mfc=None if first else "none",
-                  label=_literal(label))
+        left.plot(loads, tput, marker0 + line, color=color0, mfc=None if first else "none", label=_literal(label))
         for metric, color in (("tpot_s", BLUE), ("ttft_s", ORANGE)):
             for q, marker in (("p50", "o"), ("p99", "s")):
                 pairs = [(x, getattr(getattr(p, metric), q) * 1e3) for x, p in zip(tput, points)
                          if getattr(getattr(p, metric), q) is not None]
                 if pairs:
-                    right.plot(*zip(*pairs), marker + ("-" if first else ":"), color=color, ms=4, mfc=None if first else "none",
-                               alpha=1.0 if first else 0.8, label=_literal(f"{metric[:-2].upper()} {q} ({label})"))
+                    right.plot(*zip(*pairs), ("^" if marker0 == "^" else marker) + ("-" if first else ":"), color=color, ms=4,
+                               mfc=None if first else "none", alpha=1.0 if first else 0.8,
+                               label=_literal(f"{metric[:-2].upper()} {q} ({label})"))
         if first:
+            sweep = sweeps[0][1]
             for p in points:
                 value = p.tpot_s.p50 or p.ttft_s.p50
                 if value:
