@@ -80,3 +80,28 @@ def test_a_sweep_compared_prints_each_levels_measured_and_predicted_figures(tmp_
     for point in summary["points"]:  # each level's row: its level, then its measured throughput
         level = f"{point['sweep_value']:g}"
         assert any(line.split("│")[1].strip() == level for line in compared.splitlines() if line.count("│") > 2)
+
+
+def test_compare_estimate_without_hardware_names_what_to_pass(tmp_path, monkeypatch, capsys):
+    """Before any request: the error names the catalog, and the profiles calibrated on this machine where any are
+    saved (else how to make one)."""
+    from speedlimit import cli
+
+    monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path))
+
+    def refusal() -> str:
+        monkeypatch.setattr(sys, "argv", ["speedlimit", "bench", "--url", "http://127.0.0.1:9/v1", "--no-progress",
+                                          "--compare-estimate"])
+        try:
+            cli.main()
+        except SystemExit as exit_:
+            assert exit_.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err
+        return err
+
+    assert "`local` after `speedlimit verify` and `speedlimit calibrate`" in refusal()
+    (tmp_path / "profiles").mkdir()
+    for name in ("gpu-box", "local"):
+        (tmp_path / "profiles" / f"{name}.toml").write_text("")
+    assert "calibrated here (gpu-box, local)" in refusal()

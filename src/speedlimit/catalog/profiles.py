@@ -30,6 +30,14 @@ def profiles_dir() -> Path:
     return Path(root) / "profiles"
 
 
+def saved_profile_names() -> list[str]:
+    """The calibrated profiles saved on this machine (what `calibrate` wrote), by name; [] where none or unreadable."""
+    try:
+        return sorted(path.stem for path in profiles_dir().glob("*.toml") if _PROFILE_NAME.match(path.stem))
+    except OSError:
+        return []
+
+
 def profile_path(name: str) -> Path:
     if not _PROFILE_NAME.match(name):
         raise SpeedlimitError(f"profile name {name!r} must be letters, digits, '.', '_' or '-' (at most 64)")

@@ -138,7 +138,12 @@ def bench_command(
     """Load-test an OpenAI-compatible streaming server: TTFT, ITL, TPOT, E2E, throughput, goodput, errors."""
     # every input is checked here, before anything is created or sent
     if compare_estimate and not hardware:
-        raise SpeedlimitError("--compare-estimate needs --hardware NAME (a hardware catalog name)")
+        from speedlimit.catalog.profiles import saved_profile_names
+
+        saved = saved_profile_names()
+        mine = (f", or a profile calibrated here ({', '.join(saved[:5])}{', ...' if len(saved) > 5 else ''})" if saved
+                else ", or `local` after `speedlimit verify` and `speedlimit calibrate` on the server's machine")
+        raise SpeedlimitError(f"--compare-estimate needs --hardware NAME: a catalog name (`speedlimit hardware`){mine}")
     if compare_estimate:  # fail before the run, not after it
         from speedlimit.catalog import resolve_hardware, resolve_model
 
