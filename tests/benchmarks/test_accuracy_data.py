@@ -329,10 +329,12 @@ def test_rows_naming_build_3441_are_priced_with_its_profile_in_profiles_mode(sco
 
 def test_llama_cpp_cuda_rows_of_late_2023_to_mid_2024_are_priced_as_those_builds(score) -> None:
     """The rows a llama.cpp CUDA run dates between November 2023 and June 2024 convert quantized weights to fp16 before
-    their prefill GEMMs (SOURCES.md): every fold-A NVIDIA row (XiongjieDai) and PR #4766's held-out rows, no other."""
+    their prefill GEMMs (SOURCES.md): every fold-A NVIDIA row (XiongjieDai), PR #4766's held-out rows and issue #6763's
+    April-2024 H100 PCIe row (rule C5), no other."""
     rows = [row for row in score.load_rows() if row.engine == "llama.cpp" and score.row_hardware(row).vendor == "nvidia"]
     early = {row.index for row in rows if score.row_engine(row) == "llama-cpp-cuda-2024"}
-    assert early == {row.index for row in rows if row.fold == "A" or "ggml-org/llama.cpp/pull/4766" in row.source}
+    dated = ("ggml-org/llama.cpp/pull/4766", "ggml-org/llama.cpp/issues/6763")
+    assert early == {row.index for row in rows if row.fold == "A" or any(source in row.source for source in dated)}
     assert {row.fold for row in rows if row.index in early} == {"A", "B"}
     assert {score.row_engine(row) for row in rows if row.index not in early} == {"llama-cpp"}
 
