@@ -101,3 +101,39 @@ def test_a_small_all_reduce_costs_what_the_cited_table_says_by_group_size():
     assert vector[0] == 0.0 and vector[1] == pytest.approx(3.7e-6) and vector[3] == pytest.approx(5.9e-6)
     assert vector[2] == pytest.approx(core.allreduce_latency_s(6))
     assert core.SEND_LATENCY_S == pytest.approx(3.7e-6)
+
+
+def test_an_expert_multiplies_the_tokens_routed_to_it():
+    """k · tokens token-expert products over the expected experts touched (uniform routing), at least 1."""
+    cost, _ = _setup("qwen3-30b-a3b")  # 128 experts, top 8
+    assert core.expert_gemm_tokens(cost, 1.0) == pytest.approx(1.0)  # one token: k experts, one row each
+    touched = core.expected_experts_read(128, 8, 512.0)
+    assert core.expert_gemm_tokens(cost, 512.0) == pytest.approx(512 * 8 / touched)
+    assert 32.0 < core.expert_gemm_tokens(cost, 512.0) < 33.0  # nearly every expert busy: 4,096 rows over ~128
+    tokens = np.array([1.0, 4.0, 512.0, 1e6])
+    assert core.expert_gemm_tokens(cost, tokens) == pytest.approx([core.expert_gemm_tokens(cost, float(t)) for t in tokens])
+    dense, _ = _setup("llama-3.1-8b")
+    assert core.expert_gemm_tokens(dense, 512.0) == 512.0
+
+
+def test_experts_ride_the_gemm_curve_at_their_own_rows():
+    """Without a fused-MoE rate, a step's routed-expert FLOPs are priced at the GEMM rate of the rows each expert
+    multiplies (llama.cpp's mul_mat_id runs one GEMM per expert over its rows), its other matmuls at the step's."""
+    from speedlimit.estimator.api import step_model
+
+    model = step_model("qwen3-30b-a3b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp")
+    cost, machine = model.cost, model.machine
+    assert machine.gemm_factor_small != machine.gemm_factor_large  # the CPU kernel rates' curve
+    step = core.prefill_batch(cost, 1, 512)
+    expert = 512 * cost.expert_matmul_flops_per_token
+    rest = core.step_flops(cost, step) - expert
+    attention = core.step_attention_flops(cost, step)
+    expected = ((rest - attention) / core.gemm_factor(machine, 512.0) + attention / machine.attention_factor
+                + expert / core.gemm_factor(machine, core.expert_gemm_tokens(cost, 512.0)))
+    assert core.priced_flops(cost, machine, step) == pytest.approx(expected, rel=1e-12)
+    # 32 rows an expert are priced slower than the step's 512; one decode token is one row either way
+    assert core.priced_flops(cost, machine, step) > (rest - attention + expert) / core.gemm_factor(machine, 512.0)
+    one = core.decode_batch(cost, 1.0, 100.0)
+    assert core.priced_flops(cost, machine, one) == pytest.approx(
+        (core.step_flops(cost, one) - core.step_attention_flops(cost, one)) / core.gemm_factor(machine, 1.0)
+        + core.step_attention_flops(cost, one) / machine.attention_factor, rel=1e-12)

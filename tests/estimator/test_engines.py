@@ -713,9 +713,10 @@ def test_early_engines_price_the_routed_experts_at_their_fused_moe_rate(key: str
     assert expert_per_token == pytest.approx(2 * arch.experts_per_token * arch.expert_params)
     assert 0 < expert_per_token < early.cost.matmul_flops_per_token  # the routed experts are part of the matmuls
     step = core.prefill_batch(early.cost, 1, 4096)
-    gemm = core.gemm_factor(early.machine, 4096)
     on_curve = core.priced_flops(early.cost, early.machine._replace(moe_factor=math.nan), step)
-    extra = 4096 * expert_per_token * (1 / early.machine.moe_factor - 1 / gemm)
+    # off the fused rate, each expert's GEMM is priced at the tokens routed to it (4096 · 8 over ~256 experts)
+    per_expert = core.gemm_factor(early.machine, core.expert_gemm_tokens(early.cost, 4096))
+    extra = 4096 * expert_per_token * (1 / early.machine.moe_factor - 1 / per_expert)
     assert core.priced_flops(early.cost, early.machine, step) - on_curve == pytest.approx(extra, rel=1e-9)
     # vectorized: a machine array that mixes the two rates prices each element as the scalar path does
     mixed = early.machine._replace(moe_factor=np.array([early.machine.moe_factor, math.nan]))

@@ -12,7 +12,10 @@ number of sequences:
 flops_priced = matmul FLOPs / gemm_factor(tokens in the step) + attention FLOPs / attention_factor: the serving
 engine's GEMMs reach a token-dependent fraction of the large-GEMM rate (`Machine.gemm_*`, two anchors, linear in
 log2 tokens, flat outside) and its attention kernels their own (`Machine.attention_factor`); both are 1 unless an
-engine profile (catalog/engines.toml) sets them.
+engine profile (catalog/engines.toml) sets them. A routed expert's matmul is a GEMM over the tokens routed to it
+(llama.cpp's `mul_mat_id` groups the step's rows by expert; fused-MoE kernels pad each expert's rows to a block), so
+the experts' FLOPs are priced at gemm_factor(tokens per busy expert) (`expert_gemm_tokens`), unless the engine has a
+fused-MoE rate of its own (`Machine.moe_factor`).
 
 bytes_read = the weights touched once (MoE: the expected union of routed experts over the step's tokens)
            + every decode sequence's KV cache at its context + each prefill chunk's KV (the context before it,
@@ -254,6 +257,18 @@ def expected_experts_read(n_experts, experts_per_token, tokens):
     return np.where(n_experts > 0, n_experts * (1.0 - miss), 0.0)
 
 
+def expert_gemm_tokens(cost: CostModel, tokens):
+    """Tokens each busy routed expert multiplies when ``tokens`` tokens meet in a MoE layer: their k · tokens
+    token-expert products over the expected experts they touch (uniform routing, `expected_experts_read`), at least
+    1; ``tokens`` itself for a dense model (no expert FLOPs to price)."""
+    touched = expected_experts_read(cost.n_experts, cost.experts_per_token, tokens)
+    if _scalar(touched) and _scalar(tokens) and _scalar(cost.experts_per_token):
+        return max(tokens * cost.experts_per_token / touched, 1.0) if touched > 0 else tokens
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_expert = np.maximum(np.asarray(tokens) * cost.experts_per_token / np.where(touched > 0, touched, 1.0), 1.0)
+    return np.where(np.asarray(touched) > 0, per_expert, tokens)
+
+
 def weights_read_bytes(cost: CostModel, tokens, moe_group=1.0, moe_busy=None):
     """Weight bytes one forward pass over ``tokens`` tokens streams from memory.
 
@@ -371,13 +386,25 @@ def priced_flops(cost: CostModel, machine: Machine, step: StepBatch, expert_shar
     priced = step_matmul_flops(cost, step) / gemm + step_attention_flops(cost, step) / machine.attention_factor
     moe = machine.moe_factor
     expert = tokens * cost.expert_matmul_flops_per_token  # each token multiplies its k experts once
-    if _scalar(moe) and math.isnan(moe):  # no fused-MoE rate of its own: the experts ride the GEMM curve
-        if _scalar(expert_share) and expert_share == 1.0:
-            return priced
-        return priced + (expert_share - 1.0) * expert / gemm
+    if _scalar(expert) and expert == 0.0:
+        return priced  # a dense model
+    # the experts meet every busy replica's tokens: expert_share · moe_group of this replica's
+    rate = expert_rate(cost, machine, tokens * expert_share * moe_group(machine))
+    return priced + expert * expert_share / rate - expert / gemm
+
+
+def expert_rate(cost: CostModel, machine: Machine, meeting_tokens):
+    """The routed experts' GEMM rate relative to `Machine.flops` when ``meeting_tokens`` tokens meet in a MoE layer:
+    the engine's fused-MoE rate (`Machine.moe_factor`), or where it has none (NaN) its GEMM curve at the tokens each
+    busy expert multiplies (`expert_gemm_tokens`)."""
+    moe = machine.moe_factor
+    if _scalar(moe) and not math.isnan(moe):
+        return moe
+    per_expert = gemm_factor(machine, expert_gemm_tokens(cost, meeting_tokens))
+    if _scalar(moe):
+        return per_expert
     with np.errstate(invalid="ignore"):
-        moe = np.where(np.isnan(moe), gemm, moe) if not _scalar(moe) else moe
-        return priced + expert * expert_share / moe - expert / gemm
+        return np.where(np.isnan(moe), per_expert, moe)
 
 
 def decode_bytes(cost: CostModel, batch, context):
@@ -568,8 +595,9 @@ def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
     A lockstep step lasts as long as its slowest replica's. Each replica is priced as `step_seconds` prices one
     replica's share of a symmetric step, except that its share of the routed experts comes from every replica's
     tokens: the experts read are the expected union over all the tokens, 1/dp of them per replica, and the experts'
-    FLOPs are all the tokens' over dp replicas, at the rate of a GEMM of the mean tokens per working replica (its own
-    batch prices its attention, dense weights, KV and communication). With every working replica running the same
+    FLOPs are all the tokens' over dp replicas, at the rate of a GEMM over the tokens each busy expert multiplies
+    (`expert_gemm_tokens` of all the tokens) where the engine has no fused-MoE rate (its own batch prices its
+    attention, dense weights, KV and communication). With every working replica running the same
     batch this is exactly `step_seconds` of the whole group. A replica without work waits the step out (its empty
     forward, which joins the MoE collectives, is never the slowest)."""
     dp = float(machine.dp)
@@ -579,20 +607,16 @@ def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
     for step in steps:
         group_tokens += step.decode_sequences + step.prefill_tokens
     per_replica = group_tokens / dp  # the experts' tokens each replica's devices multiply
-    per_working = group_tokens / len(steps)  # the GEMM size that prices them (a busy replica's tokens, as step_seconds)
     factor = machine.moe_bytes_factor if group_tokens >= machine.moe_bytes_tokens else 1.0
     group_expert_bytes = experts_read_bytes(cost, group_tokens, dp, 1.0)
-    moe = machine.moe_factor
-
-    def expert_rate(tokens):  # what priced_flops divides the routed experts' FLOPs by at this many tokens
-        return gemm_factor(machine, tokens) if math.isnan(moe) else moe
-
-    group_expert_flops = per_replica * cost.expert_matmul_flops_per_token / expert_rate(per_working)
+    group_expert_flops = per_replica * cost.expert_matmul_flops_per_token / expert_rate(cost, machine, group_tokens)
     slowest = 0.0
     for step in steps:
         tokens = step.decode_sequences + step.prefill_tokens
         own_expert_bytes = experts_read_bytes(cost, tokens)
-        own_expert_flops = tokens * cost.expert_matmul_flops_per_token / expert_rate(tokens)
+        # what priced_flops (expert_share 1) put in for this replica's own experts, taken out again
+        own_expert_flops = (tokens * cost.expert_matmul_flops_per_token
+                            / expert_rate(cost, machine, tokens * moe_group(machine)))
         bytes_read = step_bytes(cost, step) - own_expert_bytes + factor * group_expert_bytes
         flops = priced_flops(cost, machine, step) - own_expert_flops + group_expert_flops
         comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
