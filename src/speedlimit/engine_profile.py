@@ -158,6 +158,9 @@ class EngineProfile(BaseModel):
     # CPU matmul kernel rates per GGUF tensor type, multiply-accumulates per cycle per thread: [decode (one token),
     # prefill (KERNEL_PREFILL_TOKENS tokens)]; None: the device kind's FLOP/s efficiency
     kernel_rates: Sourced | None = None
+    # true: its CPU backend multiplies each routed expert's rows one at a time (matrix-vector products), so where a
+    # type has kernel_rates the routed experts run at its 1-token rate in every step; None / false: on the GEMM curve
+    expert_matvec: Sourced | None = None
     # how the prefill kernel rate per thread holds up as threads are added, as [threads, fraction of the rate at the
     # first point's count] points (the kernel rates' own count first); None: every thread at the measured rate
     prefill_thread_scaling: Sourced | None = None
@@ -197,7 +200,8 @@ class EngineProfile(BaseModel):
                 raise ValueError(f"{name}: by_memory_gib and kv_tokens_fraction apply to max_seqs and max_batched_tokens only")
         return self
 
-    @field_validator("chunked_prefill", "prefill_first", "prefix_caching", "cuda_graphs", "fp8_activation_quant_kernels")
+    @field_validator("chunked_prefill", "prefill_first", "prefix_caching", "cuda_graphs", "fp8_activation_quant_kernels",
+                     "expert_matvec")
     @classmethod
     def _flag(cls, field: Sourced | None) -> Sourced | None:
         if field is not None and not isinstance(field.value, bool):

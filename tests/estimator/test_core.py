@@ -121,9 +121,10 @@ def test_experts_ride_the_gemm_curve_at_their_own_rows():
     multiplies (llama.cpp's mul_mat_id runs one GEMM per expert over its rows), its other matmuls at the step's."""
     from speedlimit.estimator.api import step_model
 
-    model = step_model("qwen3-30b-a3b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp")
+    model = step_model("qwen3-30b-a3b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp-b3441")
     cost, machine = model.cost, model.machine
     assert machine.gemm_factor_small != machine.gemm_factor_large  # the CPU kernel rates' curve
+    assert math.isnan(machine.moe_factor)  # build 3441: no matvec expert path cited
     step = core.prefill_batch(cost, 1, 512)
     expert = 512 * cost.expert_matmul_flops_per_token
     rest = core.step_flops(cost, step) - expert
@@ -137,3 +138,25 @@ def test_experts_ride_the_gemm_curve_at_their_own_rows():
     assert core.priced_flops(cost, machine, one) == pytest.approx(
         (core.step_flops(cost, one) - core.step_attention_flops(cost, one)) / core.gemm_factor(machine, 1.0)
         + core.step_attention_flops(cost, one) / machine.attention_factor, rel=1e-12)
+
+
+def test_late_llama_cpp_cpu_experts_run_at_the_matvec_rate():
+    """Late llama.cpp's CPU backend multiplies each routed row by its expert one at a time (repack.cpp
+    forward_mul_mat_id: gemv per row), so a type with kernel rates prices its experts at the 1-token rate in every
+    step; the dense matmuls keep the curve, and an engine without the flag keeps the experts on it."""
+    from speedlimit.estimator.api import step_model
+
+    late = step_model("qwen3-30b-a3b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp")
+    cost, machine = late.cost, late.machine
+    assert late.engine.expert_matvec.value is True
+    assert machine.moe_factor == machine.gemm_factor_small < machine.gemm_factor_large
+    step = core.prefill_batch(cost, 1, 512)
+    expert = 512 * cost.expert_matmul_flops_per_token
+    rest = core.step_flops(cost, step) - expert
+    attention = core.step_attention_flops(cost, step)
+    assert core.priced_flops(cost, machine, step) == pytest.approx(
+        (rest - attention) / machine.gemm_factor_large + attention / machine.attention_factor
+        + expert / machine.gemm_factor_small, rel=1e-12)
+    # a format without measured kernel rates, and a GPU backend, keep the experts where they were
+    assert math.isnan(step_model("gpt-oss-20b", "amd-ryzen-9-7950x", weights="mxfp4_moe", engine="llama.cpp").machine.moe_factor)
+    assert math.isnan(step_model("qwen3-30b-a3b", "rtx-4090", weights="q4_k_m", engine="llama.cpp").machine.moe_factor)

@@ -454,6 +454,8 @@ def resolve(scenario: Scenario) -> StepModel:
         priced_efficiency, priced_peak = efficiency.model_copy(update={"flops_efficiency": 1.0}), rate.peak_flops
         terms.update(gemm_tokens_small=1.0, gemm_factor_small=rate.decode_factor,
                      gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=rate.prefill_factor)
+        if engine.expert_matvec is not None and engine.expert_matvec.value:  # each routed row a matvec: 1-token rate
+            terms["moe_factor"] = rate.decode_factor
     if "attention_factor" in terms:
         # the profiles' attention efficiencies are FlashAttention's bf16/fp16 rates: attention runs on the bf16 peak
         # whatever the weights compute in (an fp8 model's GEMMs get twice that peak, its attention does not)
