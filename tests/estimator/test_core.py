@@ -157,6 +157,14 @@ def test_late_llama_cpp_cpu_experts_run_at_the_matvec_rate():
     assert core.priced_flops(cost, machine, step) == pytest.approx(
         (rest - attention) / machine.gemm_factor_large + attention / machine.attention_factor
         + expert / machine.gemm_factor_small, rel=1e-12)
+    # the estimate says so (its caption names the experts' rate), and a dense model or build 3441 does not
+    from speedlimit.cli.estimate import _caption
+    from speedlimit.estimator import estimate
+
+    said = estimate("qwen3-30b-a3b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp")
+    assert said.experts_as_matvecs and "the routed experts at its 1-token rate" in _caption(said)
+    assert not estimate("llama-3.1-8b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp").experts_as_matvecs
+    assert not estimate("qwen3-30b-a3b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp-b3441").experts_as_matvecs
     # a format without measured kernel rates, and a GPU backend, keep the experts where they were
     assert math.isnan(step_model("gpt-oss-20b", "amd-ryzen-9-7950x", weights="mxfp4_moe", engine="llama.cpp").machine.moe_factor)
     assert math.isnan(step_model("qwen3-30b-a3b", "rtx-4090", weights="q4_k_m", engine="llama.cpp").machine.moe_factor)

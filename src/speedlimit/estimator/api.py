@@ -87,6 +87,9 @@ class Estimate(Artifact):
     cpu_kernels: str | None = None
     # the prefill kernel rate per thread at the busy cores, as a fraction of its measured rate (prefill_thread_scaling)
     prefill_thread_efficiency: float = 1.0
+    # the routed experts priced at the kernels' 1-token rate in every step (the engine multiplies each routed row as a
+    # matrix-vector product: engines.toml expert_matvec)
+    experts_as_matvecs: bool = False
     sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
     # of ttft_s: the pass that converts quantized weights to fp16 before the prefill's GEMMs (llama.cpp CUDA of early 2024)
     ttft_dequantize_s: float = 0.0
@@ -450,11 +453,12 @@ def resolve(scenario: Scenario) -> StepModel:
         engine, device, weights_name if not isinstance(weights, WeightFormats) else None, reach, scenario)
     priced_efficiency, priced_peak = efficiency, peak_flops
     if rate is not None:  # the kernels' measured rate replaces the kind's fraction of the dtype's peak
+        matvec_experts = bool(engine.expert_matvec is not None and engine.expert_matvec.value and arch.n_experts)
         efficiency = efficiency.model_copy(update={"basis": f"{rate.basis}; {efficiency.basis}"})
         priced_efficiency, priced_peak = efficiency.model_copy(update={"flops_efficiency": 1.0}), rate.peak_flops
         terms.update(gemm_tokens_small=1.0, gemm_factor_small=rate.decode_factor,
                      gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=rate.prefill_factor)
-        if engine.expert_matvec is not None and engine.expert_matvec.value:  # each routed row a matvec: 1-token rate
+        if matvec_experts:
             terms["moe_factor"] = rate.decode_factor
     if "attention_factor" in terms:
         # the profiles' attention efficiencies are FlashAttention's bf16/fp16 rates: attention runs on the bf16 peak
@@ -776,6 +780,7 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         engine=resolved.engine.key,
         cpu_kernels=resolved.kernel_rate.tensor_type if resolved.kernel_rate and not ideal else None,
         prefill_thread_efficiency=resolved.kernel_rate.prefill_thread_efficiency if resolved.kernel_rate and not ideal else 1.0,
+        experts_as_matvecs=bool(resolved.kernel_rate and not ideal and cost.n_experts and not math.isnan(machine.moe_factor)),
         sequence_overhead_s=float(machine.sequence_overhead_s),
         ttft_dequantize_s=0.0 if ideal or ttft is None else float(core.dequantize_seconds(
             machine, core.micro_step(machine, core.prefill_batch(cost, float(batch), float(prompt)))[0].tokens)),
