@@ -453,13 +453,12 @@ def resolve(scenario: Scenario) -> StepModel:
         engine, device, weights_name if not isinstance(weights, WeightFormats) else None, reach, scenario)
     priced_efficiency, priced_peak = efficiency, peak_flops
     if rate is not None:  # the kernels' measured rate replaces the kind's fraction of the dtype's peak
-        matvec_experts = bool(engine.expert_matvec is not None and engine.expert_matvec.value and arch.n_experts)
         efficiency = efficiency.model_copy(update={"basis": f"{rate.basis}; {efficiency.basis}"})
         priced_efficiency, priced_peak = efficiency.model_copy(update={"flops_efficiency": 1.0}), rate.peak_flops
         terms.update(gemm_tokens_small=1.0, gemm_factor_small=rate.decode_factor,
                      gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=rate.prefill_factor)
-        if matvec_experts:
-            terms["moe_factor"] = rate.decode_factor
+        if arch.n_experts and engine.expert_matvec is not None and engine.expert_matvec.value:
+            terms["moe_factor"] = rate.decode_factor  # each routed row a matrix-vector product
     if "attention_factor" in terms:
         # the profiles' attention efficiencies are FlashAttention's bf16/fp16 rates: attention runs on the bf16 peak
         # whatever the weights compute in (an fp8 model's GEMMs get twice that peak, its attention does not)

@@ -156,7 +156,7 @@ def _sweep(sweep: SweepSummary, out_dir: Path, predicted: SweepSummary | None) -
         "knee": knee,
         "head": [parameter, "output tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "ITL p50", "ITL p99", "E2E p50", "failed"],
         "rows": rows,
-        "image": _image(plots.plot_sweep(sweeps, out_dir / "sweep.png", compared if compared[1] else None)),
+        "image": _image(plots.plot_sweep(sweeps, out_dir / "sweep.png", compared)),
     }
 
 

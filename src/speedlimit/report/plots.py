@@ -236,30 +236,31 @@ def plot_sweep(sweeps: list[tuple[str, SweepSummary]], out_path: Path,
     """Throughput vs load, and latency (p50/p99 TTFT and TPOT) vs throughput, every sweep on the same axes; the
     first sweep solid with its knee marked, the others dashed (e.g. measured vs predicted), and ``compared`` (the
     prediction `bench --compare-estimate` stored at each level, `compared_points`) dotted."""
-    # (label, points, (marker, line style, throughput colour)): the first sweep solid, other sweeps dashed, the
-    # stored prediction dotted
-    series: list[tuple[str, list, tuple[str, str, str]]] = [
-        (label, sweep_points(sweep), ("o", "-", BLUE) if number == 0 else ("s", "--", GREY))
+    # (label, points, (throughput marker + line style, throughput colour, latency markers for p50 and p99)): the first
+    # sweep solid, other sweeps dashed, the stored prediction dotted with triangles
+    series: list[tuple[str, list, tuple[str, str, dict[str, str]]]] = [
+        (label, sweep_points(sweep), ("o-", BLUE, {"p50": "o", "p99": "s"}) if number == 0
+         else ("s--", GREY, {"p50": "o", "p99": "s"}))
         for number, (label, sweep) in enumerate(sweeps)]
     if compared is not None and compared[1]:
-        series.append((*compared, ("^", ":", RED)))
+        series.append((*compared, ("^:", RED, {"p50": "^", "p99": "^"})))
     if not any(points for _, points, _ in series):
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4.8), layout="constrained")
     parameter = sweeps[0][1].sweep.parameter
-    for number, (label, points, (marker0, line, color0)) in enumerate(series):
+    for number, (label, points, (style, color0, latency_markers)) in enumerate(series):
         if not points:
             continue
         first = number == 0
         loads = [p.sweep_value for p in points]
         tput = [p.output_tok_s for p in points]
-        left.plot(loads, tput, marker0 + line, color=color0, mfc=None if first else "none", label=_literal(label))
+        left.plot(loads, tput, style, color=color0, mfc=None if first else "none", label=_literal(label))
         for metric, color in (("tpot_s", BLUE), ("ttft_s", ORANGE)):
-            for q, marker in (("p50", "o"), ("p99", "s")):
+            for q, marker in latency_markers.items():
                 pairs = [(x, getattr(getattr(p, metric), q) * 1e3) for x, p in zip(tput, points)
                          if getattr(getattr(p, metric), q) is not None]
                 if pairs:
-                    right.plot(*zip(*pairs), ("^" if marker0 == "^" else marker) + ("-" if first else ":"), color=color, ms=4,
+                    right.plot(*zip(*pairs), marker + ("-" if first else ":"), color=color, ms=4,
                                mfc=None if first else "none", alpha=1.0 if first else 0.8,
                                label=_literal(f"{metric[:-2].upper()} {q} ({label})"))
         if first:
