@@ -67,6 +67,9 @@ TYPES = {
     "Q2_K": "q2_k", "Q3_K_S": "q3_k", "Q4_K_S": "q4_k", "Q5_K_S": "q5_k", "Q6_K": "q6_k",
     "IQ2_XXS": "iq2_xxs", "IQ2_XS": "iq2_xs", "IQ2_M": "iq2_s", "IQ3_XXS": "iq3_xxs", "IQ3_S": "iq3_s",
     "IQ4_XS": "iq4_xs", "IQ4_NL": "iq4_nl",
+    # MXFP4_MOE keeps only expert tensors MXFP4, but with --pure every matrix gets its default type, MXFP4
+    # (llama-quant.cpp llama_ftype_get_default_type): SOURCES.md, "Fold C amendment 7"
+    "MXFP4_MOE": "mxfp4",
 }
 NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ2_M", "IQ3_XXS"}
 
