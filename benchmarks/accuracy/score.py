@@ -682,8 +682,11 @@ def print_gemm_fit(all_rows: list[Row]) -> int:
 
 KERNELS_CSV = Path(__file__).with_name("cpu_kernels.csv")
 # each measured llama.cpp version's fold-C file -> the engine profile that ships its rates
-KERNEL_FILES = {"llama-cpp-cpu": KERNELS_CSV, "llama-cpp-cpu-b3441": Path(__file__).with_name("cpu_kernels_b3441.csv"),
-                "llama-cpp-cpu-avx2": Path(__file__).with_name("cpu_kernels_portable.csv")}
+# (its main file, then files that add types the main one lacks: SOURCES.md, "Fold C amendment 7")
+KERNEL_FILES = {"llama-cpp-cpu": (KERNELS_CSV, Path(__file__).with_name("cpu_kernels_mxfp4.csv")),
+                "llama-cpp-cpu-b3441": (Path(__file__).with_name("cpu_kernels_b3441.csv"),),
+                "llama-cpp-cpu-avx2": (Path(__file__).with_name("cpu_kernels_portable.csv"),
+                                       Path(__file__).with_name("cpu_kernels_mxfp4_portable.csv"))}
 
 
 def kernel_rates_from(path: Path = KERNELS_CSV) -> dict[str, list[float]]:
@@ -712,6 +715,16 @@ def kernel_rates_from(path: Path = KERNELS_CSV) -> dict[str, list[float]]:
         most = max(int(r["threads"]) for r in gemm)
         prefill = next(float(r["macs_per_cycle_per_thread"]) for r in gemm if int(r["threads"]) == most)
         rates[kind] = [float(f"{decode:.3g}"), float(f"{prefill:.3g}")]
+    return rates
+
+
+def profile_kernel_rates(paths: tuple[Path, ...]) -> dict[str, list[float]]:
+    """A profile's fold-C rates: its main file's (the first), plus each type only a later file measured; a later
+    file's anchor run of a type the main file has is on record, never in a price (SOURCES.md, "Fold C amendment 7")."""
+    rates: dict[str, list[float]] = {}
+    for path in paths:
+        for kind, pair in kernel_rates_from(path).items():
+            rates.setdefault(kind, pair)
     return rates
 
 
@@ -769,16 +782,18 @@ def graph_overhead_from(path: Path, kernels_path: Path) -> dict[int, tuple[float
 def print_cpu_kernel_fit() -> int:
     """Check that the catalog ships fold C's CPU kernel rates, for each llama.cpp version measured; 1 when not."""
     status = 0
-    for profile, path in KERNEL_FILES.items():
+    for profile, paths in KERNEL_FILES.items():
         print(f"llama.cpp's CPU matmul kernel rates (catalog/engines.toml [{profile}] kernel_rates): multiply-accumulates "
               "per cycle per thread per tensor type, fitted on fold C")
-        if not path.exists():
-            print(f"  {path.name} is missing: nothing to check")
+        missing = [path.name for path in paths if not path.exists()]
+        if missing:
+            print(f"  {', '.join(missing)} missing: nothing to check")
             status = 1
             continue
-        fitted = kernel_rates_from(path)
+        fitted = profile_kernel_rates(paths)
         shipped = (catalog_engine(profile).kernel_rates or Sourced(value={}, fitted="C")).value
-        print(f"  fold C = {path.name} (benchmarks/cpu_kernel_rates.py, the project's own runs; no published row): "
+        names = " + ".join(path.name for path in paths)
+        print(f"  fold C = {names} (benchmarks/cpu_kernel_rates.py, the project's own runs; no published row): "
               f"{len(fitted)} types")
         wrong = sorted(k for k in set(fitted) | set(shipped) if fitted.get(k) != shipped.get(k))
         for kind in wrong:

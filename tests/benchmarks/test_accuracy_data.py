@@ -277,7 +277,9 @@ def test_a_dp_attention_layout_is_attention_data_parallel_and_experts_over_every
 # fold C: llama.cpp's CPU kernel rates (cpu_kernels.csv, benchmarks/cpu_kernel_rates.py)
 
 # each measured llama.cpp version's file and the commit its rows must name (SOURCES.md, fold C and its amendment)
-KERNEL_FILES = {"cpu_kernels.csv": "0c1e570", "cpu_kernels_b3441.csv": "081fe43", "cpu_kernels_portable.csv": "0c1e570"}
+KERNEL_FILES = {"cpu_kernels.csv": "0c1e570", "cpu_kernels_b3441.csv": "081fe43", "cpu_kernels_portable.csv": "0c1e570",
+                # amendment 7: MXFP4 with a q8_0 anchor, the same llama.cpp, another machine
+                "cpu_kernels_mxfp4.csv": "0c1e570", "cpu_kernels_mxfp4_portable.csv": "0c1e570"}
 
 
 def _kernel_records(name: str) -> list[dict[str, str]]:
@@ -310,10 +312,20 @@ def test_every_type_was_run_at_one_thread_and_at_all_threads_by_the_files_llama_
 
 
 def test_each_kernel_file_ships_as_its_profile(score) -> None:
-    assert {path.name for path in score.KERNEL_FILES.values()} == set(KERNEL_FILES)
-    for profile, path in score.KERNEL_FILES.items():
-        fitted = score.kernel_rates_from(path)
+    assert {path.name for paths in score.KERNEL_FILES.values() for path in paths} == set(KERNEL_FILES)
+    for profile, paths in score.KERNEL_FILES.items():
+        fitted = score.kernel_rates_from(paths[0])
         assert fitted["q4_0"] == list(score.catalog_engine(profile).kernel_rate("q4_0")), profile
+
+
+def test_a_later_kernel_file_adds_types_and_never_replaces_the_main_files(score) -> None:
+    """Amendment 7: MXFP4 comes from its own file; that file's q8_0 anchor (another machine) prices nothing."""
+    for profile in ("llama-cpp-cpu", "llama-cpp-cpu-avx2"):
+        main, later = score.KERNEL_FILES[profile]
+        engine = score.catalog_engine(profile)
+        assert list(engine.kernel_rate("mxfp4")) == score.kernel_rates_from(later)["mxfp4"], profile
+        assert list(engine.kernel_rate("q8_0")) == score.kernel_rates_from(main)["q8_0"], profile
+        assert score.profile_kernel_rates((main, later))["q8_0"] == score.kernel_rates_from(main)["q8_0"]
 
 
 def test_rows_naming_build_3441_are_priced_with_its_profile_in_profiles_mode(score) -> None:

@@ -166,5 +166,50 @@ def test_late_llama_cpp_cpu_experts_run_at_the_matvec_rate():
     assert not estimate("llama-3.1-8b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp").experts_as_matvecs
     assert not estimate("qwen3-30b-a3b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp-b3441").experts_as_matvecs
     # a format without measured kernel rates, and a GPU backend, keep the experts where they were
-    assert math.isnan(step_model("gpt-oss-20b", "amd-ryzen-9-7950x", weights="mxfp4_moe", engine="llama.cpp").machine.moe_factor)
+    assert math.isnan(step_model("gpt-oss-20b", "amd-ryzen-9-7950x", weights="experts=fp8,default=q8_0",
+                                 engine="llama.cpp").machine.moe_factor)
     assert math.isnan(step_model("qwen3-30b-a3b", "rtx-4090", weights="q4_k_m", engine="llama.cpp").machine.moe_factor)
+
+
+def test_a_moe_file_with_two_tensor_types_prices_each_at_its_own_kernels():
+    """MXFP4_MOE keeps the experts MXFP4 and the rest Q8_0 (fold C amendment 7): the dense matmuls ride q8_0's curve,
+    the routed experts mxfp4's 1-token rate, both against one peak; other mixes keep the kind's fraction."""
+    from speedlimit.estimator import estimate
+    from speedlimit.catalog import resolve_engine, resolve_model
+    from speedlimit.estimator.api import kernel_types, step_model
+    from speedlimit.precision import parse_weights
+
+    model = step_model("gpt-oss-20b", "amd-ryzen-9-7950x", weights="mxfp4_moe", engine="llama.cpp")
+    rate, machine, engine = model.kernel_rate, model.machine, model.engine
+    (q8_decode, q8_prefill), (fp4_decode, _) = engine.kernel_rate("q8_0"), engine.kernel_rate("mxfp4")
+    assert (rate.tensor_type, rate.expert_type) == ("q8_0", "mxfp4")
+    q8_prefill *= rate.prefill_thread_efficiency
+    fastest = max(q8_decode, q8_prefill, fp4_decode)
+    assert rate.peak_flops == pytest.approx(2.0 * fastest * rate.clock_hz * model.device.topology.cores)
+    assert (machine.gemm_factor_small, machine.gemm_factor_large, machine.moe_factor) == pytest.approx(
+        (q8_decode / fastest, q8_prefill / fastest, fp4_decode / fastest))
+    # priced: the dense matmuls on q8_0's curve, the experts at mxfp4's matvec rate
+    cost = model.cost
+    step = core.prefill_batch(cost, 1, 512)
+    expert = 512 * cost.expert_matmul_flops_per_token
+    attention = core.step_attention_flops(cost, step)
+    dense = core.step_flops(cost, step) - expert - attention
+    assert core.priced_flops(cost, machine, step) == pytest.approx(
+        dense / machine.gemm_factor_large + attention / machine.attention_factor + expert / machine.moe_factor, rel=1e-12)
+    said = estimate("gpt-oss-20b", "amd-ryzen-9-7950x", weights="mxfp4_moe", engine="llama.cpp", prompt=512)
+    assert (said.cpu_kernels, said.cpu_expert_kernels, said.experts_as_matvecs) == ("q8_0", "mxfp4", True)
+    from speedlimit.cli.estimate import _caption
+    assert "the routed experts at the mxfp4 kernel's 1-token rate" in _caption(said)
+    assert f"the routed experts' mxfp4 kernel {fp4_decode:.3g} (decode)" in said.efficiency_basis
+    # one type throughout names no second kernel
+    assert estimate("qwen3-30b-a3b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp").cpu_expert_kernels is None
+    arch, late = resolve_model("gpt-oss-20b"), resolve_engine("llama-cpp-cpu")
+    assert kernel_types(arch, parse_weights("mxfp4_moe"), late) == ("q8_0", "mxfp4")
+    # three types, a type without rates, or experts of another type where they are not matvecs: no kernel rates
+    assert kernel_types(arch, parse_weights("experts=mxfp4,attention=q4_0,default=q8_0"), late) is None
+    assert kernel_types(arch, parse_weights("experts=fp8,default=q8_0"), late) is None
+    assert kernel_types(arch, parse_weights("mxfp4_moe"), resolve_engine("llama.cpp-b3441")) is None
+    assert step_model("gpt-oss-20b", "amd-ryzen-9-7950x", weights="mxfp4_moe", engine="llama.cpp-b3441").kernel_rate is None
+    # a dense model's per-group spelling with one type is that type
+    dense = resolve_model("llama-3.1-8b")
+    assert kernel_types(dense, parse_weights("attention=q8_0,default=q8_0"), late) == ("q8_0", "q8_0")

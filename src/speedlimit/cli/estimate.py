@@ -156,7 +156,9 @@ def _caption(result: Estimate) -> str:
         return "ideal: peak bandwidth ÷ weight bytes (the seed formula); no KV cache, overhead or efficiency"
     scaled = (f" (prefill {result.prefill_thread_efficiency:.2f}× per thread: its measured thread scaling)"
               if result.cpu_kernels and result.prefill_thread_efficiency != 1.0 else "")
-    routed = ", the routed experts at its 1-token rate (each routed row a matrix-vector product)" if result.experts_as_matvecs else ""
+    kernel = f"the {result.cpu_expert_kernels} kernel's" if result.cpu_expert_kernels else "its"
+    routed = (f", the routed experts at {kernel} 1-token rate (each routed row a matrix-vector product)"
+              if result.experts_as_matvecs else "")
     matmuls = (f"matmuls at llama.cpp's measured {result.cpu_kernels} CPU kernel rates{scaled}{routed}" if result.cpu_kernels
                else f"{result.flops_efficiency:.0%} of peak FLOP/s")
     # the kernels' clause leads the basis; the caption names them already, so it shows the rest

@@ -90,6 +90,8 @@ class Estimate(Artifact):
     # the routed experts priced at the kernels' 1-token rate in every step (the engine multiplies each routed row as a
     # matrix-vector product: engines.toml expert_matvec)
     experts_as_matvecs: bool = False
+    # the routed experts' tensor type where its kernel rates price them apart from `cpu_kernels`' (MXFP4_MOE: mxfp4)
+    cpu_expert_kernels: str | None = None
     sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
     # of ttft_s: the pass that converts quantized weights to fp16 before the prefill's GEMMs (llama.cpp CUDA of early 2024)
     ttft_dequantize_s: float = 0.0
@@ -334,6 +336,10 @@ class KernelRate(NamedTuple):
     clock_hz: float
     basis: str
     prefill_thread_efficiency: float = 1.0  # what of the measured prefill rate per thread the busy cores keep
+    # the routed experts' 1-token kernel's rate / peak: the type's own decode rate, or where a MoE file keeps its
+    # experts in another type (MXFP4_MOE: experts mxfp4, the rest q8_0), that type's (`expert_type`)
+    expert_factor: float = math.nan
+    expert_type: str | None = None
 
 
 class StepModel(NamedTuple):
@@ -450,7 +456,7 @@ def resolve(scenario: Scenario) -> StepModel:
     kernels = engine.decode_kernels(arch.decode_kernels, arch.decode_linears, weights_dtype)
     reach = None if scenario.ideal else bandwidth_reach(device, scenario.threads, scenario.numa)
     rate = None if scenario.ideal or scenario.compute is not None else cpu_kernel_rate(
-        engine, device, weights_name if not isinstance(weights, WeightFormats) else None, reach, scenario)
+        engine, device, kernel_types(arch, weights, engine), reach, scenario)
     priced_efficiency, priced_peak = efficiency, peak_flops
     if rate is not None:  # the kernels' measured rate replaces the kind's fraction of the dtype's peak
         efficiency = efficiency.model_copy(update={"basis": f"{rate.basis}; {efficiency.basis}"})
@@ -458,7 +464,7 @@ def resolve(scenario: Scenario) -> StepModel:
         terms.update(gemm_tokens_small=1.0, gemm_factor_small=rate.decode_factor,
                      gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=rate.prefill_factor)
         if arch.n_experts and engine.expert_matvec is not None and engine.expert_matvec.value:
-            terms["moe_factor"] = rate.decode_factor  # each routed row a matrix-vector product
+            terms["moe_factor"] = rate.expert_factor  # each routed row a matrix-vector product
     if "attention_factor" in terms:
         # the profiles' attention efficiencies are FlashAttention's bf16/fp16 rates: attention runs on the bf16 peak
         # whatever the weights compute in (an fp8 model's GEMMs get twice that peak, its attention does not)
@@ -495,38 +501,70 @@ def dequantize_terms(engine: EngineProfile, cost: core.CostModel, bits: float, m
             "dequantize_tokens": float(tokens.value)}
 
 
-def cpu_kernel_rate(engine: EngineProfile, device: Hardware, weights_name: str | None, reach: BandwidthReach | None,
-                    scenario: Scenario) -> KernelRate | None:
+def kernel_types(arch: Architecture, weights: Precision | WeightFormats | None,
+                 engine: EngineProfile) -> tuple[str, str] | None:
+    """(the dense matmuls' GGUF tensor type, the routed experts') whose CPU kernel rates price these weights, or None.
+
+    One format: its main tensor type for both. Per-group formats: every matmul group but the routed experts must share
+    one type, and the experts may keep another only where ``engine`` multiplies them as matrix-vector products
+    (`EngineProfile.expert_matvec`), so that they run at their own type's 1-token rate whatever the dense curve does
+    (MXFP4_MOE: experts mxfp4, the rest q8_0; SOURCES.md, "Fold C amendment 7"); any other mix is None."""
+    if weights is None:  # a .gguf file's own type (its per-group spelling where it has one), else bf16
+        try:
+            weights = parse_weights(weights_label(arch, None))
+        except SpeedlimitError:
+            return None
+    if not isinstance(weights, WeightFormats):
+        tensor_type = main_tensor_type(weights.name)
+        return (tensor_type, tensor_type) if tensor_type else None
+    used = [group for group, params in matmul_params_by_group(arch).items() if params > 0]
+    dense = {main_tensor_type(weights[group].name) for group in used if group != "experts"}
+    experts = main_tensor_type(weights["experts"].name) if "experts" in used else None
+    if len(dense) != 1 or None in dense:
+        return None
+    (dense_type,) = dense
+    if experts is None or experts == dense_type:
+        return None if "experts" in used else (dense_type, dense_type)
+    matvec = engine.expert_matvec is not None and engine.expert_matvec.value
+    return (dense_type, experts) if matvec else None
+
+
+def cpu_kernel_rate(engine: EngineProfile, device: Hardware, types: tuple[str, str] | None,
+                    reach: BandwidthReach | None, scenario: Scenario) -> KernelRate | None:
     """The FLOP/s llama.cpp's CPU kernels reach for these weights on ``device`` with ``reach``'s cores busy, where
-    the engine profile measured that tensor type and the catalog gives the CPU's clocks; None otherwise (then the
-    CPU kind's fraction of the dtype's peak applies), and whenever an explicit or calibrated FLOP/s efficiency
-    stands (it is a fraction of the dtype's peak, which a kernel rate would silently redefine).
+    the engine profile measured their tensor types (``types``: the dense matmuls', the routed experts', from
+    `kernel_types`) and the catalog gives the CPU's clocks; None otherwise (then the CPU kind's fraction of the
+    dtype's peak applies), and whenever an explicit or calibrated FLOP/s efficiency stands (it is a fraction of the
+    dtype's peak, which a kernel rate would silently redefine).
 
     A rate is multiply-accumulates per cycle per thread, so the machine's FLOP/s are 2 x rate x busy cores x their
-    clock (`Hardware.core_clock_hz`); hyperthreads add none.
+    clock (`Hardware.core_clock_hz`); hyperthreads add none. Every factor is relative to the fastest rate used.
     """
     topology = device.topology
-    if (reach is None or topology is None or weights_name is None or scenario.flops_efficiency is not None
+    if (reach is None or topology is None or types is None or scenario.flops_efficiency is not None
             or (device.calibrated_at is not None and device.flops_efficiency is not None)):
         return None
-    tensor_type = main_tensor_type(weights_name)
-    pair = engine.kernel_rate(tensor_type)
+    tensor_type, expert_type = types
+    pair, expert_pair = engine.kernel_rate(tensor_type), engine.kernel_rate(expert_type)
     busy = reach.core_fraction * topology.cores
     clock = device.core_clock_hz(busy)
-    if pair is None or not math.isfinite(clock):
+    if pair is None or expert_pair is None or not math.isfinite(clock):
         return None
     decode, prefill = pair
+    expert_decode = expert_pair[0]
     # the prefill rate was measured at a few threads; at many, llama.cpp's threads wait on each other more
     scaling = engine.prefill_thread_efficiency(busy)
     prefill *= scaling
-    fastest = max(decode, prefill)
+    fastest = max(decode, prefill, expert_decode)
     scaled = ("" if scaling == 1.0 else
               f", prefill x {scaling:.3g} at {busy:g} threads (prefill_thread_scaling, {engine.prefill_thread_scaling.basis})")
+    experts = ("" if expert_type == tensor_type else
+               f", the routed experts' {expert_type} kernel {expert_decode:.3g} (decode)")
     basis = (f"{engine.name}'s {tensor_type} kernels: {decode:.3g} (decode) / {prefill:.3g} (prefill) MACs per cycle "
-             f"per thread (catalog/engines.toml kernel_rates, {engine.kernel_rates.basis}{scaled}) at {clock / 1e9:.2f} GHz with {busy:g} "
-             f"core{'s' if busy != 1 else ''} busy")
+             f"per thread{experts} (catalog/engines.toml kernel_rates, {engine.kernel_rates.basis}{scaled}) at "
+             f"{clock / 1e9:.2f} GHz with {busy:g} core{'s' if busy != 1 else ''} busy")
     return KernelRate(tensor_type, 2.0 * fastest * clock * topology.cores, decode / fastest, prefill / fastest, clock, basis,
-                      scaling)
+                      scaling, expert_decode / fastest, expert_type)
 
 
 def compute_rate(arch: Architecture, device: Hardware, weights: Precision | WeightFormats | None,
@@ -780,6 +818,8 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         cpu_kernels=resolved.kernel_rate.tensor_type if resolved.kernel_rate and not ideal else None,
         prefill_thread_efficiency=resolved.kernel_rate.prefill_thread_efficiency if resolved.kernel_rate and not ideal else 1.0,
         experts_as_matvecs=bool(resolved.kernel_rate and not ideal and cost.n_experts and not math.isnan(machine.moe_factor)),
+        cpu_expert_kernels=(resolved.kernel_rate.expert_type if resolved.kernel_rate and not ideal
+                            and resolved.kernel_rate.expert_type != resolved.kernel_rate.tensor_type else None),
         sequence_overhead_s=float(machine.sequence_overhead_s),
         ttft_dequantize_s=0.0 if ideal or ttft is None else float(core.dequantize_seconds(
             machine, core.micro_step(machine, core.prefill_batch(cost, float(batch), float(prompt)))[0].tokens)),
