@@ -213,3 +213,12 @@ def test_a_moe_file_with_two_tensor_types_prices_each_at_its_own_kernels():
     # a dense model's per-group spelling with one type is that type
     dense = resolve_model("llama-3.1-8b")
     assert kernel_types(dense, parse_weights("attention=q8_0,default=q8_0"), late) == ("q8_0", "q8_0")
+    # a .gguf file read without --weights: its own file type decides (MXFP4_MOE is its per-group spelling)
+    import dataclasses
+
+    from speedlimit.architecture import WeightBytes
+    as_file = dataclasses.replace(arch, weight_bytes=WeightBytes(1e9, 1e9, 5e9, 1e8, file_type="mxfp4_moe"))
+    assert kernel_types(as_file, None, late) == ("q8_0", "mxfp4")
+    assert kernel_types(dataclasses.replace(dense, weight_bytes=WeightBytes(1e9, 1e9, 5e9, 0.0, file_type="q4_k_m")),
+                        None, late) == ("q4_k", "q4_k")
+    assert kernel_types(dense, None, late) == ("bf16", "bf16")  # a catalog model without --weights: bf16
