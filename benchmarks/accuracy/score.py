@@ -240,8 +240,9 @@ def row_hardware(row: Row) -> Hardware:
 def _file_on_cpu(row: Row) -> bool:
     """A CPU row that gives its file size: priced as its .gguf would be, bytes and tensor type together (`row_model`):
     llama.cpp's CPU kernel rate is per tensor type (engines.toml [llama-cpp-cpu] kernel_rates), which a size in bits
-    does not name."""
-    return bool(row.model_file_bytes) and row_hardware(row).kind == "cpu"
+    does not name. Not a per-group file type (mxfp4_moe): its groups' formats say where the bytes are, as on a GPU
+    (SOURCES.md, "Scoring fix: a CPU row of a per-group file type is priced from its groups' formats")."""
+    return bool(row.model_file_bytes) and row_hardware(row).kind == "cpu" and not _per_group(row)
 
 
 def _per_group(row: Row) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import importlib.util
 import math
 import sys
@@ -326,6 +325,24 @@ def test_a_later_kernel_file_adds_types_and_never_replaces_the_main_files(score)
         assert list(engine.kernel_rate("mxfp4")) == score.kernel_rates_from(later)["mxfp4"], profile
         assert list(engine.kernel_rate("q8_0")) == score.kernel_rates_from(main)["q8_0"], profile
         assert score.profile_kernel_rates((main, later))["q8_0"] == score.kernel_rates_from(main)["q8_0"]
+
+
+def test_a_cpu_row_of_a_per_group_file_type_is_priced_from_its_groups_formats(score) -> None:
+    """A single-type CPU row travels as a .gguf of its file's bytes and type; an MXFP4_MOE row keeps its groups'
+    formats (experts 4.25 bits, the rest 8.5), as a GPU row does, not the file's bytes spread evenly."""
+    rows = [row for row in score.load_rows() if row.device == "amd-ryzen-9-7950x" and row.model_file_bytes]
+    grouped = [row for row in rows if row.weights == "mxfp4_moe"]
+    assert len(grouped) == 2
+    for row in grouped:
+        assert (score.row_model(row), score.row_weights(row)) == ("gpt-oss-20b", "mxfp4_moe")
+    single = next(row for row in rows if row.weights == "q4_k_m")
+    arch = score.row_model(single)
+    assert score.row_weights(single) is None and arch.weight_bytes.file_type == "q4_k_m"
+    # the even spread put the attention every token reads at the file's mean bits: fewer bytes a token than the groups'
+    row = grouped[0]
+    per_group = estimate(row.model, "amd-ryzen-9-7950x", weights="mxfp4_moe", threads=16)
+    mean_bits = 8.0 * row.model_file_bytes / resolve_model(row.model).total_params
+    assert per_group.bytes_per_token > estimate(row.model, "amd-ryzen-9-7950x", weights=mean_bits, threads=16).bytes_per_token
 
 
 def test_rows_naming_build_3441_are_priced_with_its_profile_in_profiles_mode(score) -> None:
