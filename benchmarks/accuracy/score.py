@@ -687,7 +687,9 @@ KERNELS_CSV = Path(__file__).with_name("cpu_kernels.csv")
 KERNEL_FILES = {"llama-cpp-cpu": (KERNELS_CSV, Path(__file__).with_name("cpu_kernels_mxfp4.csv")),
                 "llama-cpp-cpu-b3441": (Path(__file__).with_name("cpu_kernels_b3441.csv"),),
                 "llama-cpp-cpu-avx2": (Path(__file__).with_name("cpu_kernels_portable.csv"),
-                                       Path(__file__).with_name("cpu_kernels_mxfp4_portable.csv"))}
+                                       Path(__file__).with_name("cpu_kernels_mxfp4_portable.csv")),
+                # the portable build on an Intel core (SOURCES.md, "Fold C amendment 8")
+                "llama-cpp-cpu-intel": (Path(__file__).with_name("cpu_kernels_portable_intel.csv"),)}
 
 
 def kernel_rates_from(path: Path = KERNELS_CSV) -> dict[str, list[float]]:

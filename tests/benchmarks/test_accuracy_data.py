@@ -279,7 +279,9 @@ def test_a_dp_attention_layout_is_attention_data_parallel_and_experts_over_every
 # each measured llama.cpp version's file and the commit its rows must name (SOURCES.md, fold C and its amendment)
 KERNEL_FILES = {"cpu_kernels.csv": "0c1e570", "cpu_kernels_b3441.csv": "081fe43", "cpu_kernels_portable.csv": "0c1e570",
                 # amendment 7: MXFP4 with a q8_0 anchor, the same llama.cpp, another machine
-                "cpu_kernels_mxfp4.csv": "0c1e570", "cpu_kernels_mxfp4_portable.csv": "0c1e570"}
+                "cpu_kernels_mxfp4.csv": "0c1e570", "cpu_kernels_mxfp4_portable.csv": "0c1e570",
+                # amendment 8: the portable build on an Intel core
+                "cpu_kernels_portable_intel.csv": "0c1e570"}
 
 
 def _kernel_records(name: str) -> list[dict[str, str]]:

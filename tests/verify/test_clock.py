@@ -55,19 +55,24 @@ def test_a_failing_compiler_gives_no_clock(monkeypatch: pytest.MonkeyPatch) -> N
     assert result.hz_one_core is None and result.basis.startswith("clock not measured")
 
 
-@pytest.mark.parametrize(("info", "profile"), [
-    (WHEEL, "llama-cpp-cpu-avx2"),
-    ("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 |", "llama-cpp-cpu"),
-    ("CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 |\nMetal : EMBED_LIBRARY = 1 |", None),
-    ("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 0 |", None),
-    ("", None),
-    ("fake", None),
+@pytest.mark.parametrize(("info", "vendor", "profile"), [
+    (WHEEL, "", "llama-cpp-cpu-avx2"),
+    (WHEEL, "AuthenticAMD", "llama-cpp-cpu-avx2"),
+    # the portable build on an Intel core: its own measured rates (fold C amendment 8)
+    (WHEEL, "GenuineIntel", "llama-cpp-cpu-intel"),
+    ("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 |", "", "llama-cpp-cpu"),
+    ("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 |", "GenuineIntel", "llama-cpp-cpu"),
+    ("CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 |\nMetal : EMBED_LIBRARY = 1 |", "", None),
+    ("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 0 |", "GenuineIntel", None),
+    ("", "", None),
+    ("fake", "GenuineIntel", None),
 ])
-def test_the_kernel_rates_follow_the_build_llama_cpp_reports(info: str, profile: str | None) -> None:
-    chosen, why = kernel_profile_for(info)
+def test_the_kernel_rates_follow_the_build_llama_cpp_reports(info: str, vendor: str, profile: str | None) -> None:
+    chosen, why = kernel_profile_for(info, vendor)
     assert chosen == profile and why
     if chosen is not None:
         assert catalog_engine(chosen).kernel_rates is not None
+    assert ("Intel" in why) == (chosen == "llama-cpp-cpu-intel")
 
 
 def test_a_clocked_measured_machine_prices_the_builds_kernels_and_its_limit_does_not() -> None:

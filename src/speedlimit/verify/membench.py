@@ -69,17 +69,27 @@ def available_memory_bytes() -> float | None:
     return machine_memory_bytes()
 
 
-def cpu_model_name() -> str:
+def _cpuinfo_field(name: str) -> str:
+    """The first /proc/cpuinfo line's value for ``name`` (case-insensitive), '' where there is none (not Linux)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
             for line in cpuinfo:
-                if line.lower().startswith("model name"):
+                if line.lower().startswith(name):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return ""
+
+
+def cpu_model_name() -> str:
     import platform
 
-    return platform.processor() or platform.machine()
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
+def cpu_vendor_id() -> str:
+    """The x86 vendor string (GenuineIntel, AuthenticAMD, ...), '' where /proc/cpuinfo gives none."""
+    return _cpuinfo_field("vendor_id")[:64]
 
 
 @dataclass

@@ -140,6 +140,7 @@ class ClockInfo(BaseModel):
 
 class MachineInfo(BaseModel):
     cpu: str = ""
+    cpu_vendor: str = ""  # /proc/cpuinfo vendor_id (GenuineIntel, AuthenticAMD; '' where none)
     cores: int = 1  # logical CPUs this process may run on
     memory_bytes: float | None = None
     layout: CpuLayout | None = None  # sockets, NUMA nodes, cores, threads per core (None: verify before detection)
@@ -298,17 +299,22 @@ def measured_hardware(bandwidth_Bps: float, flops: float, memory_bytes: float | 
         raise SpeedlimitError(f"measured figures are unusable ({error})") from None
 
 
-def kernel_profile_for(system_info: str) -> tuple[str | None, str]:
-    """(engine profile, why) whose measured CPU kernel rates match the build llama.cpp reports in its system info.
+def kernel_profile_for(system_info: str, cpu_vendor: str = "") -> tuple[str | None, str]:
+    """(engine profile, why) whose measured CPU kernel rates match the build llama.cpp reports in its system info,
+    on this vendor's cores (``cpu_vendor``: /proc/cpuinfo's vendor_id).
 
     The rates are per build: `[llama-cpp-cpu]` was measured with AVX-512 kernels, `[llama-cpp-cpu-avx2]` as
-    README's install line builds llama-cpp-python (GGML_NATIVE=OFF: AVX2, no AVX-512). Other builds (ARM, AVX only)
+    README's install line builds llama-cpp-python (GGML_NATIVE=OFF: AVX2, no AVX-512) on a Zen 4 core, and
+    `[llama-cpp-cpu-intel]` that build on an Intel core (fold C amendment 8). Other builds (ARM, AVX only)
     have no measured rates: None, and the prediction prices bandwidth and BLAS FLOP/s only."""
     # "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | ... |" (one line per backend in newer builds)
     features = {name.split(":")[-1].strip().upper(): value.strip()
                 for name, sep, value in (item.partition("=") for item in re.split(r"[|\n]", system_info)) if sep}
     if features.get("AVX512") == "1":
         return "llama-cpp-cpu", "the build reports AVX512 = 1: the AVX-512 kernels fold C measured"
+    if features.get("AVX2") == "1" and cpu_vendor == "GenuineIntel":
+        return ("llama-cpp-cpu-intel", "the build reports AVX2 = 1 without AVX512 on an Intel CPU: the "
+                "GGML_NATIVE=OFF kernels fold C measured on an Intel core")
     if features.get("AVX2") == "1":
         return "llama-cpp-cpu-avx2", "the build reports AVX2 = 1 without AVX512: the GGML_NATIVE=OFF kernels fold C measured"
     return None, "no measured kernel rates for this build (neither AVX512 nor AVX2 in its system info)"
@@ -439,7 +445,8 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
     result = VerifyResult(
         started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         settings=settings,
-        machine=MachineInfo(cpu=membench.cpu_model_name(), cores=cores, memory_bytes=memory_bytes,
+        machine=MachineInfo(cpu=membench.cpu_model_name(), cpu_vendor=membench.cpu_vendor_id(), cores=cores,
+                            memory_bytes=memory_bytes,
                             layout=detect_layout(allowed=membench.allowed_cpus()),
                             load_average_start=list(os.getloadavg()) if hasattr(os, "getloadavg") else None),
         model=model,
@@ -499,7 +506,7 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
         sampling="greedy argmax over the last logits; exactly decode_tokens tokens per run (EOS is not a stop)",
         preflight={k: check[k] for k in ("tokens", "prefill_s", "decode_s")},
     )
-    profile, why = kernel_profile_for(result.engine.system_info)
+    profile, why = kernel_profile_for(result.engine.system_info, result.machine.cpu_vendor)
     if profile is not None and clocks.hz_one_core is None:
         profile, why = None, f"{why}, but {clocks.basis}: bandwidth and BLAS FLOP/s only"
     result.engine.kernel_profile, result.engine.kernel_profile_basis = profile, why
