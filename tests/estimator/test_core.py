@@ -205,6 +205,9 @@ def test_a_moe_file_with_two_tensor_types_prices_each_at_its_own_kernels():
     assert estimate("qwen3-30b-a3b", "amd-ryzen-9-7950x", weights="q4_k_m", engine="llama.cpp").cpu_expert_kernels is None
     arch, late = resolve_model("gpt-oss-20b"), resolve_engine("llama-cpp-cpu")
     assert kernel_types(arch, parse_weights("mxfp4_moe"), late) == ("q8_0", "mxfp4")
+    # one type in every group of a MoE model, spelled per group, is that type, on any build
+    for engine in (late, resolve_engine("llama.cpp-b3441")):
+        assert kernel_types(arch, parse_weights("experts=q8_0,default=q8_0"), engine) == ("q8_0", "q8_0")
     # three types, a type without rates, or experts of another type where they are not matvecs: no kernel rates
     assert kernel_types(arch, parse_weights("experts=mxfp4,attention=q4_0,default=q8_0"), late) is None
     assert kernel_types(arch, parse_weights("experts=fp8,default=q8_0"), late) is None

@@ -523,8 +523,10 @@ def kernel_types(arch: Architecture, weights: Precision | WeightFormats | None,
     if len(dense) != 1 or None in dense:
         return None
     (dense_type,) = dense
-    if experts is None or experts == dense_type:
+    if experts is None:  # a dense model, or experts in a format without GGUF kernels (fp8)
         return None if "experts" in used else (dense_type, dense_type)
+    if experts == dense_type:
+        return dense_type, dense_type
     matvec = engine.expert_matvec is not None and engine.expert_matvec.value
     return (dense_type, experts) if matvec else None
 
