@@ -291,6 +291,11 @@ class EngineProfile(BaseModel):
         return None if pair is None else (float(pair[0]), float(pair[1]))
 
     @property
+    def experts_as_matvecs(self) -> bool:
+        """Whether its CPU backend multiplies each routed expert's rows one at a time (`expert_matvec`)."""
+        return bool(_value(self.expert_matvec))
+
+    @property
     def gemm_points(self) -> tuple[tuple[float, float], ...]:
         return self.gemm_points_for(None)
 

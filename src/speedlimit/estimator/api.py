@@ -463,7 +463,7 @@ def resolve(scenario: Scenario) -> StepModel:
         priced_efficiency, priced_peak = efficiency.model_copy(update={"flops_efficiency": 1.0}), rate.peak_flops
         terms.update(gemm_tokens_small=1.0, gemm_factor_small=rate.decode_factor,
                      gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=rate.prefill_factor)
-        if arch.n_experts and engine.expert_matvec is not None and engine.expert_matvec.value:
+        if arch.n_experts and engine.experts_as_matvecs:
             terms["moe_factor"] = rate.expert_factor  # each routed row a matrix-vector product
     if "attention_factor" in terms:
         # the profiles' attention efficiencies are FlashAttention's bf16/fp16 rates: attention runs on the bf16 peak
@@ -507,7 +507,7 @@ def kernel_types(arch: Architecture, weights: Precision | WeightFormats | None,
 
     One format: its main tensor type for both. Per-group formats: every matmul group but the routed experts must share
     one type, and the experts may keep another only where ``engine`` multiplies them as matrix-vector products
-    (`EngineProfile.expert_matvec`), so that they run at their own type's 1-token rate whatever the dense curve does
+    (`EngineProfile.experts_as_matvecs`), so that they run at their own type's 1-token rate whatever the dense curve does
     (MXFP4_MOE: experts mxfp4, the rest q8_0; SOURCES.md, "Fold C amendment 7"); any other mix is None."""
     if weights is None:  # a .gguf file's own type (its per-group spelling where it has one), else bf16
         try:
@@ -527,8 +527,7 @@ def kernel_types(arch: Architecture, weights: Precision | WeightFormats | None,
         return None if "experts" in used else (dense_type, dense_type)
     if experts == dense_type:
         return dense_type, dense_type
-    matvec = engine.expert_matvec is not None and engine.expert_matvec.value
-    return (dense_type, experts) if matvec else None
+    return (dense_type, experts) if engine.experts_as_matvecs else None
 
 
 def cpu_kernel_rate(engine: EngineProfile, device: Hardware, types: tuple[str, str] | None,
