@@ -318,7 +318,8 @@ def test_bench_any_flags_against_an_unreachable_server(flags: list[tuple[str, st
 
 @FUZZ
 @given(flags=st.lists(st.tuples(st.sampled_from(["--threads", "--prompt-tokens", "--decode-tokens", "--contexts",
-                                                 "--array-mib", "--model", "--out"]), st.one_of(NUMBERS, TEXT)), max_size=3))
+                                                 "--batch-sequences", "--array-mib", "--model", "--out"]),
+                                st.one_of(NUMBERS, TEXT)), max_size=3))
 def test_verify_bad_flags(flags: list[tuple[str, str]]) -> None:
     # `--runs 0` last: whatever else is drawn, verify must stop at validation (this test never runs the engine)
     argv = ["verify", *[a for pair in flags for a in pair], "--runs", "0"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -248,3 +249,78 @@ def test_a_fit_that_misses_the_measurements_it_came_from_is_not_saved(cli, tmp_p
     assert not (isolated_config / "profiles" / "disturbed.toml").exists()
     forced = cli(["calibrate", str(path), "--name", "disturbed", "--force", "--json"])
     assert forced.returncode == 0 and json.loads(forced.stdout)["saved"] is True
+
+
+# --- verify's batched series: decode steps of several sequences together -> the per-sequence cost -------------------
+
+
+def batched_points(bw_eff: float, flops_eff: float, overhead: float, per_sequence: float) -> list[CalibrationPoint]:
+    """`synthetic_points` priced with a per-sequence cost, plus verify's series of 1, 2, 4 and 8 sequences decoding
+    together at context 128 (SmolLM2-135M's work per sequence: the step turns compute-bound for slow compute)."""
+    truth = Efficiency(bw_efficiency=bw_eff, flops_efficiency=flops_eff, step_overhead_s=overhead)
+    single = synthetic_points(bw_eff, flops_eff, overhead)
+    series = [CalibrationPoint("decode", 100e6 + 23e3 * 128 * n, 0.28e9 * n, 0.0, f"{n} sequences", "synthetic",
+                               sequences=float(n), batched=True) for n in (1, 2, 4, 8)]
+    return [dataclasses.replace(p, measured_s=predicted_step_seconds(p, BANDWIDTH, FLOPS, truth, per_sequence))
+            for p in single + series]
+
+
+@pytest.mark.parametrize(("bw", "flops", "overhead", "per_sequence"),
+                         [(0.45, 0.35, 0.003, 0.002), (0.9, 0.05, 0.0, 0.004), (0.2, 0.8, 0.001, 0.0005)])
+def test_a_batched_series_gives_the_per_sequence_cost(bw, flops, overhead, per_sequence) -> None:
+    fit = fit_calibration(batched_points(bw, flops, overhead, per_sequence), BANDWIDTH, FLOPS, DEFAULTS)
+    assert fit.sequence_overhead_s == pytest.approx(per_sequence, rel=1e-6)
+    assert fit.bw_efficiency == pytest.approx(bw, rel=1e-6)
+    assert fit.flops_efficiency == pytest.approx(flops, rel=1e-6)
+    assert fit.step_overhead_s == pytest.approx(overhead, rel=1e-6, abs=1e-12)
+    assert fit.error_after["all"] == pytest.approx(0.0, abs=1e-9)
+    # every point, the 8-sequence step included, is priced as estimate prices it: the cost once per sequence
+    eight = next(p for p in fit.points if p.sequences == 8)
+    assert fit.predicted_s(eight) == pytest.approx(eight.measured_s, rel=1e-9)
+
+
+def test_without_a_batched_series_no_per_sequence_cost_is_fitted() -> None:
+    points = synthetic_points(0.45, 0.35, 0.003)
+    fit = fit_calibration(points, BANDWIDTH, FLOPS, DEFAULTS)
+    assert fit.sequence_overhead_s is None
+    # bench summaries' decode points run batches too, but are no series at one context: the old fit stands
+    bench = [dataclasses.replace(p, sequences=4.0) for p in points]
+    assert fit_calibration(bench, BANDWIDTH, FLOPS, DEFAULTS).sequence_overhead_s is None
+
+
+def test_reads_the_batched_series_of_a_verify_result(tmp_path: Path) -> None:
+    result = verify_result(synthetic_points(0.5, 0.4, 0.002))
+    result["batched_decode"] = [
+        {"threads": 2, "sequences": n, "context": 128, "step_s": 0.01 * n, "step_s_predicted": 0.004 * n,
+         "step_bytes": 1e8, "step_flops": 3e8 * n} for n in (1, 2, 4)
+    ] + [{"threads": 1, "sequences": 2, "context": 128, "step_s": 0.5, "step_bytes": 1e8, "step_flops": 1e8}]
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(result))
+    points, _, _, _ = load_calibration_inputs([path])
+    series = [p for p in points if p.batched]
+    assert [(p.sequences, p.measured_s, p.prior_s) for p in series] == [
+        (1.0, 0.01, 0.004), (2.0, 0.02, 0.008), (4.0, 0.04, 0.016)]  # the 1-thread step is another machine's
+    assert all(p.kind == "decode" and "together" in p.label for p in series)
+
+
+def test_the_profile_keeps_the_per_sequence_cost_and_estimate_charges_it(cli, tmp_path: Path,
+                                                                        isolated_config: Path) -> None:
+    points = batched_points(0.45, 0.35, 0.003, 0.002)
+    result = verify_result(points)
+    result["batched_decode"] = [{"threads": 2, "sequences": int(p.sequences), "context": 128, "step_s": p.measured_s,
+                                 "step_bytes": p.step_bytes, "step_flops": p.step_flops} for p in points if p.batched]
+    result["decode"] = [d for d in result["decode"] if d["threads"] == 1 or d["context_start"] < 5]  # the sweep only
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(result))
+    done = cli(["calibrate", str(path), "--name", "seqbox", "--json"])
+    assert done.returncode == 0, done.stderr
+    fit = json.loads(done.stdout)
+    assert fit["sequence_overhead_s"] == pytest.approx(0.002, rel=1e-4)
+    hardware = load_profile_hardware("seqbox")
+    assert hardware is not None and hardware.sequence_overhead_s == pytest.approx(0.002, rel=1e-4)
+    one, four = (json.loads(cli(["estimate", "--model", "smollm2-135m", "--hardware", "seqbox", "--batch", str(b),
+                                 "--json"]).stdout) for b in (1, 4))
+    # four sequences pay the per-sequence cost three more times than one (both steps memory-bound at this truth)
+    assert four["itl_s"] - one["itl_s"] >= 3 * 0.002 * 0.999
+    table = cli(["calibrate", str(path), "--name", "seqbox2"])
+    assert table.returncode == 0 and "sequence_overhead_s" in table.stdout and "2000.0 us" in table.stdout

@@ -48,7 +48,8 @@ def test_check_fits_counts_kv_cache() -> None:
         check_fits(model, 4000, 4e9)
 
 
-@pytest.mark.parametrize("flag", [["--contexts", "128,x"], ["--runs", "0"], ["--threads", "0"], ["--decode-tokens", "1"]])
+@pytest.mark.parametrize("flag", [["--contexts", "128,x"], ["--runs", "0"], ["--threads", "0"], ["--decode-tokens", "1"],
+                                  ["--batch-sequences", "2,x"], ["--batch-sequences", "0,4"], ["--batch-sequences", "65"]])
 def test_bad_settings(cli, flag: list[str]) -> None:
     assert_one_line_error(cli(["verify", *flag]))
 

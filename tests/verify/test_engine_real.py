@@ -96,6 +96,30 @@ def test_verify_prices_the_kernels_of_the_build_it_ran(verify_run: tuple[dict, d
         assert "kernels" in result["default_efficiency"]["basis"] and "GHz" in result["default_efficiency"]["basis"]
 
 
+def test_verify_times_several_sequences_decoding_together(verify_run: tuple[dict, dict], tmp_path: Path) -> None:
+    """The batched series: 1, 2 and 4 sequences at the sweep's first context, each step's work as the estimator
+    counts it, and calibrate fits the per-sequence cost from it."""
+    from tests.verify.conftest import run_cli
+
+    _, result = verify_run
+    series = result["batched_decode"]
+    assert [(p["sequences"], p["context"], p["threads"]) for p in series] == [(n, 64, result["threads"]) for n in (1, 2, 4)]
+    bandwidth = result["measured_bandwidth_Bps"]
+    for point in series:
+        assert len(point["steps_s"]) == 16 and point["step_s"] > 0 and point["step_s_predicted"] > 0
+        assert point["step_s"] >= point["step_bytes"] / (1.2 * bandwidth)  # no step beats the weights' stream
+    assert series[0]["step_bytes"] < series[1]["step_bytes"] < series[2]["step_bytes"]  # each sequence's KV cache
+    assert series[2]["step_s"] > series[0]["step_s"]  # four sequences' arithmetic is not free
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(result))
+    done = run_cli(["calibrate", str(path), "--out", str(tmp_path / "box.toml"), "--json", "--force"])
+    assert done.returncode == 0, done.stderr
+    fit = json.loads(done.stdout)
+    # the base decode, the two contexts, the three batched steps and the prefill, all in the fit (or left out by name)
+    assert fit["points"] + len(fit["excluded"]) == 7
+    assert fit["sequence_overhead_s"] is None or fit["sequence_overhead_s"] > 0
+
+
 @pytest.mark.parametrize("delay_s", [0.2, 1.0, 2.5])
 def test_sigint_during_verify_keeps_a_partial_result(tmp_path: Path, delay_s: float) -> None:
     """A real Ctrl-C while llama.cpp runs: no "Exception ignored ... llama_log_callback", no minute of running on,

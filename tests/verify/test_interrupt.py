@@ -47,6 +47,8 @@ class FakeRunner:
     def extend_to(self, context):
         self.n_tokens = max(self.n_tokens, context)
         return 0.0
+    def batched_decode(self, sequences, context, steps):
+        return [0.01 * sequences] * steps
     def close(self):
         pass
 

@@ -56,6 +56,18 @@ def parse_contexts(text: str | None) -> list[int] | None:
     return values
 
 
+def parse_sequences(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    if text.strip() in ("", "0", "none"):
+        return []
+    try:
+        values = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise SpeedlimitError(f"--batch-sequences must be comma-separated sequence counts like 1,2,4 (or none), got {text!r}") from None
+    return values
+
+
 def _measured(point: PrefillPoint | DecodePoint, value: str) -> str:
     from speedlimit.verify.run import NOISY_SPREAD
 
@@ -135,6 +147,21 @@ def render_verify(console: Console, result: VerifyResult) -> None:
             table.add_row(f"{point.context_start:,}", _measured(point, _num(point.tok_s)), _num(point.tok_s_predicted),
                           _num(point.tok_s_limit), _pct(point.efficiency), f"{point.bytes_per_token / 1e6:,.1f}")
         console.print(table)
+    batched = result.batched_decode
+    if batched:
+        context = batched[0].context
+        table = Table(title=f"Decode of several sequences together (each at context {context:,}, {threads} "
+                            f"thread{'s' if threads > 1 else ''})", title_justify="left")
+        for name in ("sequences", "measured ms/step", "predicted", "limit", "measured tok/s (all)", "predicted tok/s"):
+            table.add_column(name, justify="right")
+        for point in batched:
+            predicted = point.step_s_predicted
+            table.add_row(str(point.sequences), _ms(point.step_s).removesuffix(" ms"),
+                          _ms(predicted).removesuffix(" ms"), _ms(point.step_s_limit).removesuffix(" ms"),
+                          _num(point.tok_s), _num(point.sequences / predicted if predicted else None))
+        console.print(table)
+        console.print("[dim]median over the steps; what each further sequence adds is what `speedlimit calibrate` "
+                      "fits as the per-sequence cost[/dim]")
     base = [p for p in result.decode if p.kind == "base"]
     if len(base) > 1:
         table = Table(title=f"Threads (ctx {settings.prompt_tokens})", title_justify="left")
@@ -164,6 +191,7 @@ def verify_command(
     decode_tokens: Optional[int] = typer.Option(None, "--decode-tokens", help="Tokens per decode run (default 64; --quick 32)."),
     runs: Optional[int] = typer.Option(None, "--runs", help="Timed runs per measurement, median reported (default 5; --quick 3)."),
     contexts: Optional[str] = typer.Option(None, "--contexts", help="Decode-vs-context sweep, comma-separated (default 128,512,1024,2048,4096; --quick 128,512,1024)."),
+    batch_sequences: Optional[str] = typer.Option(None, "--batch-sequences", help="Also time decode steps of this many sequences together, comma-separated, at the first context (default 1,2,4; none to skip)."),
     single_thread: bool = flag_option("--single-thread/--no-single-thread", "Also measure with 1 thread.", default=True),
     array_mib: Optional[int] = typer.Option(None, "--array-mib", help="Size of each bandwidth array in MiB (default 256)."),
     json_output: bool = flag_option("--json/--no-json", "Print the full result as JSON.", default=False),
@@ -183,7 +211,8 @@ def verify_command(
 
         model = default_gguf_path()
     overrides: dict[str, Any] = dict(model_path=model, threads=threads, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
-                                     runs=runs, contexts=parse_contexts(contexts), array_mib=array_mib)
+                                     runs=runs, contexts=parse_contexts(contexts), array_mib=array_mib,
+                                     batch_sequences=parse_sequences(batch_sequences))
     try:
         if quick:
             settings = VerifySettings.quick_preset(**overrides, single_thread=single_thread)
@@ -337,7 +366,8 @@ def calibrate_command(
                    "base_hardware": base.key, "bandwidth_Bps": base.memory_bandwidth_Bps,
                    "layout": {field: getattr(base, field) for field in LAYOUT_FIELDS} if base.topology else None,
                    "flops": fit.flops if fit.flops and math.isfinite(fit.flops) else None, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
-                   "step_overhead_s": fit.step_overhead_s, "error_before": _finite_values(fit.error_before),
+                   "step_overhead_s": fit.step_overhead_s, "sequence_overhead_s": fit.sequence_overhead_s,
+                   "error_before": _finite_values(fit.error_before),
                    "error_after": _finite_values(fit.error_after),
                    "default_efficiency": fit.before.model_dump(), "points": len(fit.points),
                    "excluded": [point.label for point in fit.excluded], "notes": fit.notes}
@@ -385,6 +415,8 @@ def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
                       _ms(fit.prior_s(point)), _ms(fit.predicted_s(point)))
     console.print(table)
     fields = _efficiency_table("default", fit.before, fit)
+    if fit.sequence_overhead_s is not None:  # fitted from decode steps of several sequences (verify's batched decode)
+        fields.add_row("sequence_overhead_s", "0.0 us", f"{fit.sequence_overhead_s * 1e6:.1f} us")
     for kind in ("decode", "prefill", "all"):
         fields.add_row(f"mean |error| {kind}", _pct(fit.error_before[kind]), _pct(fit.error_after[kind]))
     console.print(fields)

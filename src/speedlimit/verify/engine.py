@@ -1,4 +1,5 @@
-"""The real engine for `speedlimit verify`: llama-cpp-python on a GGUF file, timed prefill and greedy decode.
+"""The real engine for `speedlimit verify`: llama-cpp-python on a GGUF file, timed prefill, greedy decode, and
+decode steps of several sequences together (`LlamaRunner.batched_decode`, through llama.cpp's C API).
 
 `LlamaRunner` drives the low-level API (``Llama.eval`` on token lists, greedy argmax over the last logits),
 so a decode run generates exactly the requested number of tokens: there is no stop condition, an EOS is just
@@ -62,9 +63,13 @@ class LlamaRunner:
         self.n_threads = n_threads
         self.n_batch = n_batch
         try:
+            # flash attention on: llama.cpp's own tools (llama-server, llama-bench, llama-cli) default to
+            # `--flash-attn auto`, which turns it on wherever the backend runs it, the CPU backend included
+            # (common/common.h, llama-context.cpp); llama-cpp-python's `Llama` defaults to off. verify times llama.cpp
+            # as the default engine (llama-server) runs it, the configuration fold C's kernel rates were measured in.
             self.llm = llama_cpp.Llama(
                 model_path=str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                n_batch=n_batch, verbose=False,
+                n_batch=n_batch, flash_attn=True, verbose=False,
             )
         except (ValueError, RuntimeError, OSError) as error:
             raise SpeedlimitError(f"llama-cpp-python could not load {model_path} ({error}); pass a valid --model PATH.gguf") from None
@@ -125,6 +130,62 @@ class LlamaRunner:
             self.llm.eval([token])
             generated.append(token)
         return time.perf_counter() - start, generated
+
+    def batched_decode(self, sequences: int, context: int, steps: int, warmup: int = 2) -> list[float]:
+        """Seconds of each of ``steps`` decode steps in which ``sequences`` sequences, each with ``context`` tokens of
+        its own cached, decode one token each: llama-server's slots decoding together.
+
+        Runs in a llama.cpp context of its own on the loaded model (the runner's own context is untouched), set up as
+        llama-server sets up its slots: one KV cache shared by the sequences (``kv_unified``) and flash attention at
+        llama.cpp's default (auto). Each sequence is prefilled with its own filler text (no shared prefix), then
+        ``warmup`` untimed steps. Every sequence's logits are computed in every step, as a server samples each."""
+        if sequences < 1 or context < 1 or steps < 1:
+            raise SpeedlimitError("a batched decode needs at least one sequence, one token of context and one step")
+        lc = self._llama_cpp
+        cells = sequences * (context + warmup + steps) + 16
+        params = lc.llama_context_default_params()
+        params.n_ctx = cells
+        params.n_batch = params.n_ubatch = self.n_batch
+        params.n_seq_max = sequences
+        params.n_threads = params.n_threads_batch = self.n_threads
+        params.kv_unified = True
+        params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO
+        ctx = lc.llama_init_from_model(self.llm.model, params)
+        if not ctx:
+            raise SpeedlimitError(f"llama.cpp could not make a context for {sequences} sequences of {context} tokens "
+                                  f"from {self.model_path}; use fewer --batch-sequences or a shorter context")
+        batch = lc.llama_batch_init(max(self.n_batch, sequences), 0, 1)
+        filler = self.filler_tokens(context + sequences * 7 + warmup + steps + 1)
+
+        def submit(entries: list[tuple[int, int, int, bool]]) -> float:  # (token, position, sequence, logits)
+            for i, (token, position, sequence, logits) in enumerate(entries):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, position, 1
+                batch.seq_id[i][0], batch.logits[i] = sequence, logits
+            batch.n_tokens = len(entries)
+            start = time.perf_counter()
+            status = lc.llama_decode(ctx, batch)
+            elapsed = time.perf_counter() - start
+            if status != 0:
+                raise SpeedlimitError(f"llama.cpp failed a decode of {sequences} sequences (status {status}); use "
+                                      "fewer --batch-sequences")
+            return elapsed
+
+        try:
+            for sequence in range(sequences):  # its own text: the filler from a different offset
+                tokens = [filler[0]] + filler[1 + 7 * sequence: context + 7 * sequence]
+                for first in range(0, context, self.n_batch):
+                    chunk = range(first, min(first + self.n_batch, context))
+                    submit([(tokens[i], i, sequence, i == context - 1) for i in chunk])
+            times = []
+            for step in range(warmup + steps):
+                token = filler[context + sequences * 7 + step]
+                elapsed = submit([(token, context + step, sequence, True) for sequence in range(sequences)])
+                if step >= warmup:
+                    times.append(elapsed)
+            return times
+        finally:
+            lc.llama_batch_free(batch)
+            lc.llama_free(ctx)
 
     def close(self) -> None:
         close = getattr(self.llm, "close", None)

@@ -1,4 +1,5 @@
-"""The fit of `speedlimit calibrate`: measured step times -> bw_efficiency, flops_efficiency, step_overhead_s.
+"""The fit of `speedlimit calibrate`: measured step times -> bw_efficiency, flops_efficiency, step_overhead_s, and
+the per-sequence cost where the steps ran different numbers of sequences.
 
 Also reads its inputs (`load_calibration_inputs`: verify results, bench summaries) and builds the profile
 record that `speedlimit.catalog.profiles.save_profile` stores, with the CPU layout the profile's machine has (a
@@ -31,6 +32,10 @@ from speedlimit.verify.run import VerifyResult
 # x = bytes / (tp · BW):  t - all-reduce = x / e_bw + overhead  (weighted least squares on relative error, so a
 # 10 ms and a 20 ms step count alike; the context sweep spreads x because the KV cache grows). Prefill is
 # compute-bound, so with the overhead fixed:  t - overhead - all-reduce = (flops / (tp · FLOPs)) / e_f.
+# Where verify also timed decode steps of several sequences together (its batched series), the four values are fitted
+# at once as a bench sweep's are (`_solve`): t = max(x / e_bw, y / e_f) + overhead + s · sequences + all-reduce,
+# y = FLOPs / (tp · FLOPs), each point in the regime the current fit puts it in, s the per-sequence cost: on a CPU a
+# further sequence's matvecs cost about their own arithmetic whether or not the step is still memory-bound.
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class CalibrationPoint:
     # the estimate's own time for this step where the input recorded one (a verify run's "predicted" column, priced
     # with the kernel rates of the build it ran at the clock it measured): the prior it is scored against
     prior_s: float | None = None
+    sequences: float = 1.0  # sequences the step decodes (or prefills) together
+    batched: bool = False  # one of verify's series of decode steps of 1, 2, 4... sequences at one context
 
 
 @dataclass
@@ -64,6 +71,8 @@ class CalibrationFit:
     error_after: dict[str, float | None]
     notes: list[str] = field(default_factory=list)
     excluded: list[CalibrationPoint] = field(default_factory=list)
+    # per running sequence per step: fitted where the decode steps ran different numbers of sequences, else None
+    sequence_overhead_s: float | None = None
 
     @property
     def efficiency(self) -> Efficiency:
@@ -71,7 +80,8 @@ class CalibrationFit:
                           step_overhead_s=self.step_overhead_s, basis="calibrated")
 
     def predicted_s(self, point: CalibrationPoint, efficiency: Efficiency | None = None) -> float:
-        return predicted_step_seconds(point, self.bandwidth_Bps, self.flops, efficiency or self.efficiency)
+        return predicted_step_seconds(point, self.bandwidth_Bps, self.flops, efficiency or self.efficiency,
+                                      self.sequence_overhead_s or 0.0)
 
     def prior_s(self, point: CalibrationPoint) -> float:
         """The time the estimate predicted for this step before the fit: the input's own prediction where it
@@ -87,15 +97,17 @@ def prior_efficiency(hardware: Hardware) -> Efficiency:
     return default_efficiency(hardware, engine_for_device(resolve_engine(None), hardware))
 
 
-def predicted_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: float | None, efficiency: Efficiency) -> float:
-    """The estimator's time for this point's step at these efficiencies (the same `core.step_time` estimate uses)."""
+def predicted_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: float | None, efficiency: Efficiency,
+                           sequence_overhead_s: float = 0.0) -> float:
+    """The estimator's time for this point's step at these efficiencies and per-sequence cost (the same
+    `core.step_time` estimate uses)."""
     machine = core.Machine(
         bandwidth_Bps=bandwidth_Bps * efficiency.bw_efficiency,
         flops=flops * efficiency.flops_efficiency if flops and math.isfinite(flops) else math.nan,
         step_overhead_s=efficiency.overhead_s(point.kernels),
-        memory_bytes=math.nan, link_Bps=math.nan, tp=float(point.tp),
+        memory_bytes=math.nan, link_Bps=math.nan, tp=float(point.tp), sequence_overhead_s=sequence_overhead_s,
     )
-    return float(core.step_time(point.step_bytes, point.step_flops, machine, point.comm_s))
+    return float(core.step_time(point.step_bytes, point.step_flops, machine, point.comm_s, point.sequences))
 
 
 def prior_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: float | None, prior: Efficiency) -> float:
@@ -107,13 +119,13 @@ def prior_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: flo
 
 
 def fit_errors(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float | None,
-               efficiency: Efficiency, *, prior: bool = False) -> dict[str, float | None]:
+               efficiency: Efficiency, *, prior: bool = False, sequence_overhead_s: float = 0.0) -> dict[str, float | None]:
     """Mean absolute relative error of predicted vs measured step time, per kind and over all points (``prior``:
     of the prior's times, the inputs' own predictions where they recorded them)."""
     errors: dict[str, list[float]] = {"decode": [], "prefill": []}
-    price = prior_step_seconds if prior else predicted_step_seconds
     for point in points:
-        predicted = price(point, bandwidth_Bps, flops, efficiency)
+        predicted = (prior_step_seconds(point, bandwidth_Bps, flops, efficiency) if prior else
+                     predicted_step_seconds(point, bandwidth_Bps, flops, efficiency, sequence_overhead_s))
         errors[point.kind].append(abs(predicted - point.measured_s) / point.measured_s)
     every = errors["decode"] + errors["prefill"]
     return {
@@ -139,6 +151,9 @@ def _weighted_slope(x: list[float], t: list[float]) -> float:
     w = [1.0 / ti**2 for ti in t]
     return sum(wi * xi * ti for wi, xi, ti in zip(w, x, t)) / sum(wi * xi * xi for wi, xi in zip(w, x))
 
+
+# the Hardware model's bound on a profile's per-sequence cost (hardware.py: at most 0.1 s per sequence per step)
+MAX_SEQUENCE_OVERHEAD_S = 0.1
 
 # A point further than this (relative) from the first fit, and 3x further than the median point, is left
 # out and named: on a shared machine one disturbed run set can be 10x slow and would drag the whole fit.
@@ -202,6 +217,8 @@ def _fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops
     if not decode:
         raise SpeedlimitError("no decode measurements in the given results: pass `speedlimit verify --out FILE` results "
                               "or bench summaries made with --compare-estimate")
+    if len({p.sequences for p in decode if p.batched}) > 1 and flops and math.isfinite(flops):
+        return _fit_joint(decode + prefill, bandwidth_Bps, flops, before)
     bw_efficiency, overhead, notes = _fit_decode(decode, bandwidth_Bps)
     decode, excluded = _split_outliers(decode, lambda p: p.step_bytes / (p.tp * bandwidth_Bps * bw_efficiency) + overhead + p.comm_s)
     if excluded:
@@ -240,6 +257,54 @@ def _fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops
     )
 
 
+def _fit_joint(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float, before: Efficiency) -> CalibrationFit:
+    """All four values at once, where verify timed decode steps of several sequences (see the comment at the top):
+    the deployment fit's solver (`_solve`) on these points, each in the regime the current fit puts it in, repeated
+    until the regimes settle; points far off (`_split_outliers`) are left out and the fit repeated without them."""
+    prior = DeploymentParams(bw_efficiency=before.bw_efficiency, flops_efficiency=before.flops_efficiency,
+                             step_overhead_s=before.step_overhead_s, sequence_overhead_s=0.0)
+
+    def as_deployment(point: CalibrationPoint) -> DeploymentPoint:
+        return DeploymentPoint(point.kind, point.label, 0.0, point.sequences, point.step_bytes / (point.tp * bandwidth_Bps),
+                               point.step_flops / (point.tp * flops), point.comm_s, point.measured_s, "fit")
+
+    def solve(chosen: list[CalibrationPoint]) -> tuple[DeploymentParams, list[str]]:
+        steps = [as_deployment(p) for p in chosen]
+        memory = [s.x_s / prior.bw_efficiency >= s.y_s / prior.flops_efficiency for s in steps]
+        notes: list[str] = []
+        for _ in range(20):
+            notes = []
+            params = _solve(steps, memory, prior, notes)
+            regimes = [s.x_s / params.bw_efficiency >= s.y_s / params.flops_efficiency for s in steps]
+            if regimes == memory:
+                break
+            memory = regimes
+        return params, notes
+
+    params, notes = solve(points)
+    kept, excluded = _split_outliers(points, lambda p: params.predict(as_deployment(p)))
+    if excluded:
+        params, notes = solve(kept)
+        notes.append(f"left out {len(excluded)} point(s) more than {OUTLIER_RELATIVE_ERROR:.0%} off the fit (runs "
+                     "disturbed by other load?): " + ", ".join(f"{p.label} ({Path(p.source).name})" for p in excluded))
+    values = {"bw_efficiency": float(params.bw_efficiency), "flops_efficiency": float(params.flops_efficiency)}
+    for name, value in values.items():
+        if value > 1.0:
+            notes.append(f"{name} came out {value:.2f} (faster than the peak figure): capped at 1.0")
+            values[name] = 1.0
+    overhead, per_sequence = min(float(params.step_overhead_s), 1.0), min(float(params.sequence_overhead_s),
+                                                                          MAX_SEQUENCE_OVERHEAD_S)
+    fitted = Efficiency(bw_efficiency=values["bw_efficiency"], flops_efficiency=values["flops_efficiency"],
+                        step_overhead_s=overhead, basis="calibrated")
+    return CalibrationFit(
+        bw_efficiency=fitted.bw_efficiency, flops_efficiency=fitted.flops_efficiency, step_overhead_s=overhead,
+        bandwidth_Bps=bandwidth_Bps, flops=flops, points=kept, before=before,
+        error_before=fit_errors(kept, bandwidth_Bps, flops, before, prior=True),
+        error_after=fit_errors(kept, bandwidth_Bps, flops, fitted, sequence_overhead_s=per_sequence),
+        notes=notes, excluded=excluded, sequence_overhead_s=per_sequence,
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # reading verify results and bench summaries
 
@@ -269,6 +334,13 @@ def points_from_verify(result: VerifyResult, source: str) -> list[CalibrationPoi
             predicted = _seconds(row.ttft_s_predicted)
             points.append(CalibrationPoint("prefill", row.step_bytes, row.step_flops, row.median_s,
                                            f"prefill {row.prompt_tokens} tok", source, kernels=kernels, prior_s=predicted))
+    for row in result.batched_decode:
+        if row.threads == threads:
+            points.append(CalibrationPoint("decode", row.step_bytes, row.step_flops, row.step_s,
+                                           f"decode of {row.sequences} sequence{'s' if row.sequences > 1 else ''} "
+                                           f"together @ ctx {row.context}", source, kernels=kernels,
+                                           prior_s=_seconds(row.step_s_predicted), sequences=float(row.sequences),
+                                           batched=True))
     return points
 
 
@@ -428,6 +500,7 @@ def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list
         "bw_efficiency": round(fit.bw_efficiency, 4),
         "flops_efficiency": round(fit.flops_efficiency, 4),
         "step_overhead_s": round(fit.step_overhead_s, 7),
+        **({"sequence_overhead_s": round(fit.sequence_overhead_s, 9)} if fit.sequence_overhead_s is not None else {}),
         "base_hardware": base.key,
         "source": base.source or "speedlimit calibrate",
         "calibrated_from": sources,

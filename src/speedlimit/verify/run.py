@@ -2,8 +2,9 @@
 
 `run_verify` returns (and, with ``out``, keeps writing after every stage) one JSON-ready dict: the machine's
 measured bandwidth and FLOP/s, its CPU layout (sockets, NUMA nodes, cores, threads per core:
-`speedlimit.verify.topology.detect_layout`), the engine/model details, every timed prefill and decode point, and for each
-point the estimator's prediction on the *measured* hardware twice: with the default efficiencies for a CPU
+`speedlimit.verify.topology.detect_layout`), the engine/model details, every timed prefill and decode point (and
+the batched series: decode steps of 1, 2, 4... sequences together, whose growth `calibrate` fits as the per-sequence
+cost), and for each point the estimator's prediction on the *measured* hardware twice: with the default efficiencies for a CPU
 (what ``speedlimit estimate`` would say) and at the roofline limit (100 % of measured bandwidth/FLOPs, no
 per-step overhead). ``efficiency`` = measured ÷ roofline limit. Headline keys sit at the top level
 (``measured_bandwidth_Bps``, ``decode_tok_s_measured``, ...); `speedlimit calibrate` reads the points.
@@ -42,6 +43,7 @@ from speedlimit.verify.topology import CpuLayout, detect_layout
 MIB = 1024 * 1024
 NOISY_SPREAD = 1.5  # fastest run more than 1.5x the slowest: other load disturbed the measurement
 KV_TYPE = "f16"  # llama.cpp's default KV-cache type, which verify does not change
+MAX_BATCH_SEQUENCES = 64  # sequences decoded together in one step, at most
 
 
 class VerifySettings(BaseModel):
@@ -57,6 +59,9 @@ class VerifySettings(BaseModel):
     array_mib: int = Field(256, ge=8, le=65536)
     bandwidth_repeats: int = Field(5, ge=1, le=100)
     matmul_n: int = Field(2048, ge=64, le=16384)
+    # decode steps of several sequences at once (llama-server's slots), at the first context of the sweep: what each
+    # further sequence adds to a step, which `calibrate` fits as the per-sequence cost (empty: not measured)
+    batch_sequences: list[int] = Field(default_factory=lambda: [1, 2, 4])
     quick: bool = False
 
     @field_validator("contexts")
@@ -65,6 +70,18 @@ class VerifySettings(BaseModel):
         if any(c < 1 for c in value):
             raise ValueError("context lengths must be positive token counts")
         return sorted(set(value))
+
+    @field_validator("batch_sequences")
+    @classmethod
+    def _batch_sequences(cls, value: list[int]) -> list[int]:
+        if any(not 1 <= n <= MAX_BATCH_SEQUENCES for n in value):
+            raise ValueError(f"sequences decoded together must be between 1 and {MAX_BATCH_SEQUENCES}")
+        return sorted(set(value))
+
+    @property
+    def batch_context(self) -> int:
+        """The context each sequence of a batched decode holds: the sweep's first, else the prompt length."""
+        return min(self.contexts) if self.contexts else self.prompt_tokens
 
     @classmethod
     def quick_preset(cls, **overrides: Any) -> VerifySettings:
@@ -232,6 +249,27 @@ class DecodePoint(BaseModel):
     flops: float | None = None
 
 
+class BatchedDecodePoint(BaseModel):
+    """Decode steps of several sequences at once (each with its own ``context`` tokens cached): the step's work as the
+    estimator counts it, measured and predicted step times."""
+
+    threads: int
+    sequences: int = Field(ge=1)
+    context: int = Field(ge=1)
+    steps_s: list[float] = Field(default_factory=list)
+    step_s: float = Field(gt=0)  # median of the timed steps
+    steps_spread: float = 1.0  # the slowest tenth of the steps over the fastest tenth (90th / 10th percentile)
+    step_s_predicted: float | None = None
+    step_s_limit: float | None = None
+    step_bytes: float = Field(gt=0)
+    step_flops: float = Field(ge=0)
+
+    @property
+    def tok_s(self) -> float:
+        """Tokens per second over all the sequences."""
+        return self.sequences / self.step_s
+
+
 class DefaultEfficiency(BaseModel):
     bw_efficiency: float
     flops_efficiency: float
@@ -259,6 +297,7 @@ class VerifyResult(Artifact):
     engine: EngineInfo | None = None
     prefill: list[PrefillPoint] = Field(default_factory=list)
     decode: list[DecodePoint] = Field(default_factory=list)
+    batched_decode: list[BatchedDecodePoint] = Field(default_factory=list)
     # the headline, at the run's thread count
     threads: int | None = None
     decode_tok_s_measured: float | None = None
@@ -321,25 +360,28 @@ def kernel_profile_for(system_info: str, cpu_vendor: str = "") -> tuple[str | No
 
 
 def predict(arch: Architecture, hardware: Hardware, prompt: int, output: int,
-            engine: str | None = None) -> tuple[Estimate, Estimate]:
-    """(default-efficiency estimate, roofline-limit estimate at 100 % efficiency and no overhead).
+            engine: str | None = None, batch: int = 1) -> tuple[Estimate, Estimate]:
+    """(default-efficiency estimate, roofline-limit estimate at 100 % efficiency and no overhead), of ``batch``
+    sequences decoding together.
 
     ``engine``: the profile whose kernel rates price the default estimate's matmuls (where ``hardware`` has clocks);
     the limit is always the measured bandwidth and BLAS FLOP/s at 100 %."""
-    default = estimate(arch, hardware, prompt=prompt, output=output, kv="fp16", **({"engine": engine} if engine else {}))
-    limit = estimate(arch, hardware, prompt=prompt, output=output, kv="fp16",
+    default = estimate(arch, hardware, prompt=prompt, output=output, kv="fp16", batch=batch,
+                       **({"engine": engine} if engine else {}))
+    limit = estimate(arch, hardware, prompt=prompt, output=output, kv="fp16", batch=batch,
                      bw_efficiency=1.0, flops_efficiency=1.0, step_overhead_s=0.0)
     return default, limit
 
 
-def step_work(arch: Architecture, kind: str, prompt: int, output: int = 1) -> tuple[float, float]:
+def step_work(arch: Architecture, kind: str, prompt: int, output: int = 1, sequences: int = 1) -> tuple[float, float]:
     """(bytes, FLOPs) of a step as the estimator counts them: a prefill of ``prompt`` tokens, or the mean decode
-    step while the context grows from ``prompt`` to ``prompt + output`` (bytes and FLOPs are linear in context)."""
+    step of ``sequences`` sequences while each one's context grows from ``prompt`` to ``prompt + output`` (bytes and
+    FLOPs are linear in context)."""
     cost, _ = cost_model(arch, None, parse_precision("fp16"))
     if kind == "prefill":
         return float(core.prefill_bytes(cost, 1, prompt)), float(core.prefill_flops(cost, 1, prompt))
     mid = prompt + output / 2
-    return float(core.decode_bytes(cost, 1, mid)), float(core.decode_flops(cost, 1, mid))
+    return float(core.decode_bytes(cost, sequences, mid)), float(core.decode_flops(cost, sequences, mid))
 
 
 # --- checks -----------------------------------------------------------------------------------------
@@ -386,12 +428,21 @@ def check_fits(model: ModelInfo, n_ctx: int, memory_bytes: float | None) -> floa
 def total_steps(settings: VerifySettings) -> int:
     thread_configs = 2 if settings.single_thread and settings.threads > 1 else 1
     bandwidth = 4 * thread_configs + 1  # 3 kernels and a matmul per thread count, and the clock
-    engine = 1 + thread_configs * (1 + settings.runs) + len(settings.contexts)  # preflight, warm-up + runs, contexts
+    # preflight, warm-up + runs, contexts, batched decodes
+    engine = 1 + thread_configs * (1 + settings.runs) + len(settings.contexts) + len(settings.batch_sequences)
     return bandwidth + engine + 1  # + predictions
 
 
 def _median(values: list[float]) -> float:
     return float(statistics.median(values))
+
+
+def _spread(values: list[float]) -> float:
+    """The 90th percentile over the 10th (1 for fewer than two values)."""
+    if len(values) < 2:
+        return 1.0
+    deciles = statistics.quantiles(values, n=10, method="inclusive")
+    return deciles[-1] / deciles[0] if deciles[0] > 0 else 1.0
 
 
 def run_verify(settings: VerifySettings, out: Path | None = None,
@@ -438,7 +489,9 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
             "use smaller --contexts/--prompt-tokens/--decode-tokens"
         )
     memory_bytes = membench.machine_memory_bytes()
-    check_fits(model, n_ctx, memory_bytes)
+    # a batched decode's context lives beside the runner's: its sequences' KV cache counts too
+    batch_cells = max(settings.batch_sequences, default=0) * (settings.batch_context + settings.decode_tokens + 16)
+    check_fits(model, n_ctx + batch_cells, memory_bytes)
 
     cores = membench.cpu_count()
     thread_counts = [settings.threads] + ([1] if settings.single_thread and settings.threads > 1 else [])
@@ -579,6 +632,22 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
                     span = settings.runs * settings.decode_tokens
                     default, limit = predict(arch, hardware[threads], start, span, profile)
                     result.decode.append(decode_point("context", threads, start, span, rates, default, limit, hardware[threads]))
+                    save()
+            if threads == settings.threads:
+                context = settings.batch_context
+                for sequences in settings.batch_sequences:
+                    step(f"engine: decode of {sequences} sequence{'s' if sequences > 1 else ''} together at context "
+                         f"{context}")
+                    steps_s = runner.batched_decode(sequences, context, settings.decode_tokens)
+                    default, limit = predict(arch, hardware[threads], context, settings.decode_tokens, profile,
+                                             batch=sequences)
+                    s_bytes, s_flops = step_work(arch, "decode", context, settings.decode_tokens, sequences)
+                    result.batched_decode.append(BatchedDecodePoint(
+                        threads=threads, sequences=sequences, context=context, steps_s=steps_s,
+                        step_s=_median(steps_s), steps_spread=_spread(steps_s),
+                        step_s_predicted=default.itl_s, step_s_limit=limit.itl_s, step_bytes=s_bytes,
+                        step_flops=s_flops,
+                    ))
                     save()
         finally:
             runner.close()
