@@ -148,3 +148,13 @@ def test_cli_bench_at_concurrency_4_reports_no_disconnects(llama_cpp_server, tmp
     summary = json.loads(out)
     assert summary["completed"] == 12 and summary["errors"] == {} and summary["output_tokens"] == 12 * 16
     assert "retried" in summary
+
+
+async def test_a_url_without_v1_fails_each_request_saying_where_the_openai_api_is(llama_cpp_server, tmp_path):
+    # llama-server serves its own /completions at the root (content/stop events, no choices) and /models there too,
+    # so the pre-flight passes; each request must fail as malformed with the one fix named, not an opaque payload
+    endpoint = Endpoint(llama_cpp_server.root_url, timeout_s=60, force_output=True)
+    async with BenchRunner(endpoint, WorkloadPlan(parse_length_spec("16"), 4, None, 3)) as runner:
+        result = await runner.run(LoadPlan(concurrency=1, requests=2), tmp_path)
+    assert result.summary.completed == 0 and result.summary.errors == {"malformed_sse": 2}
+    assert all("pass --url ending in /v1" in record.error_text for record in result.records)

@@ -78,3 +78,11 @@ def test_in_stream_errors_are_errors():
 def test_malformed_payloads_raise(payload):
     with pytest.raises(MalformedSSE):
         interpret_event("message", payload)
+
+
+def test_llama_cpp_native_stream_says_where_the_openai_api_is():
+    """llama-server answers /completions at its root in its own format (content/stop, no choices): a --url without
+    /v1 gets there, and every request fails; the error says to add /v1."""
+    native = '{"index":0,"content":" on","tokens":[335],"stop":false,"id_slot":-1,"tokens_predicted":1}'
+    with pytest.raises(MalformedSSE, match="under /v1"):
+        interpret_event("message", native)

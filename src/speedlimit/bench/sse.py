@@ -135,5 +135,9 @@ def interpret_event(event_name: str, data: str) -> StreamEvent:
                     result.finish_reason = choice["finish_reason"]
         result.text = "".join(texts)
     elif "choices" not in obj and "usage" not in obj:
+        if isinstance(obj.get("content"), str) and "stop" in obj:
+            # llama-server's own /completion(s) stream, which its root also serves: its OpenAI API is under /v1
+            raise MalformedSSE("llama.cpp's native completion stream (content/stop events, no choices): its "
+                               "OpenAI-compatible API is under /v1, so pass --url ending in /v1")
         raise MalformedSSE(f"no choices in event: {data[:80]!r}")
     return result
