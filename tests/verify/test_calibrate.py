@@ -322,5 +322,7 @@ def test_the_profile_keeps_the_per_sequence_cost_and_estimate_charges_it(cli, tm
                                  "--json"]).stdout) for b in (1, 4))
     # four sequences pay the per-sequence cost three more times than one (both steps memory-bound at this truth)
     assert four["itl_s"] - one["itl_s"] >= 3 * 0.002 * 0.999
+    text = cli(["estimate", "--model", "smollm2-135m", "--hardware", "seqbox", "--batch", "4"])
+    assert text.returncode == 0 and "2.00 ms per sequence" in " ".join(text.stdout.split()), text.stdout
     table = cli(["calibrate", str(path), "--name", "seqbox2"])
     assert table.returncode == 0 and "sequence_overhead_s" in table.stdout and "2000.0 us" in table.stdout

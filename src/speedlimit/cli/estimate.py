@@ -165,9 +165,11 @@ def _caption(result: Estimate) -> str:
     basis = result.efficiency_basis.split("; ", 1)[-1] if result.cpu_kernels else result.efficiency_basis
     experts = (f" (the routed experts {result.moe_bandwidth_efficiency:.0%} from {result.moe_bandwidth_tokens:,.0f} tokens "
                "a step: its fused-MoE kernel)" if result.moe_bandwidth_efficiency is not None else "")
+    per_sequence = (f" + {format_seconds(result.sequence_overhead_s)} per sequence" if result.sequence_overhead_s > 0
+                    else "")
     return (
         f"achievable: {result.bw_efficiency:.0%} of peak bandwidth{experts}, {matmuls}, "
-        f"{format_seconds(result.step_overhead_s)} per step ({escape(_short(basis))})"
+        f"{format_seconds(result.step_overhead_s)} per step{per_sequence} ({escape(_short(basis))})"
     )
 
 
