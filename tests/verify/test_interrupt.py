@@ -30,6 +30,7 @@ engine.engine_version = lambda: "fake"
 engine.engine_system_info = lambda: "fake"
 engine.preflight = lambda *args, **kwargs: {"tokens": 16, "prefill_s": 0.01, "decode_s": 0.1}
 DECODE_S = float(sys.argv.pop())
+FAIL_ABOVE = 2  # the fake engine cannot hold more sequences: the batched series stops there, the run goes on
 
 class FakeRunner:
     def __init__(self, path, n_ctx, n_threads, n_batch=512):
@@ -48,6 +49,9 @@ class FakeRunner:
         self.n_tokens = max(self.n_tokens, context)
         return 0.0
     def batched_decode(self, sequences, context, steps):
+        if sequences > FAIL_ABOVE:
+            from speedlimit.errors import SpeedlimitError
+            raise SpeedlimitError(f"llama.cpp could not make a context for {sequences} sequences")
         return [0.01 * sequences] * steps
     def close(self):
         pass
@@ -131,3 +135,16 @@ def test_a_second_signal_quits_at_once(tmp_path: Path) -> None:
     assert process.returncode == 130 and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == "interrupted", stderr
     assert json.loads(out.read_text())["complete"] is False  # written per stage, before the engine ran
+
+
+def test_a_batched_decode_the_engine_cannot_run_stops_the_series_not_the_run(tmp_path: Path) -> None:
+    # the fake engine holds at most 2 sequences: the series keeps 1 and 2, says why it stopped, and verify completes
+    out = tmp_path / "verify.json"
+    process = start([*ARGS, "--out", str(out)], decode_s=0.01)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    result = json.loads(out.read_text())
+    assert result["complete"] is True
+    assert [p["sequences"] for p in result["batched_decode"]] == [1, 2]
+    assert "could not make a context for 4 sequences" in result["batched_decode_error"]
+    assert "decode of several sequences stopped" in " ".join(stdout.split())

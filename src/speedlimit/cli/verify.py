@@ -162,6 +162,8 @@ def render_verify(console: Console, result: VerifyResult) -> None:
         console.print(table)
         console.print("[dim]median over the steps; what each further sequence adds is what `speedlimit calibrate` "
                       "fits as the per-sequence cost[/dim]")
+    if result.batched_decode_error:
+        console.print(f"[yellow]note: the decode of several sequences stopped: {escape(result.batched_decode_error)}[/yellow]")
     base = [p for p in result.decode if p.kind == "base"]
     if len(base) > 1:
         table = Table(title=f"Threads (ctx {settings.prompt_tokens})", title_justify="left")

@@ -298,6 +298,7 @@ class VerifyResult(Artifact):
     prefill: list[PrefillPoint] = Field(default_factory=list)
     decode: list[DecodePoint] = Field(default_factory=list)
     batched_decode: list[BatchedDecodePoint] = Field(default_factory=list)
+    batched_decode_error: str | None = None  # why the batched series stopped short (the rest of the run goes on)
     # the headline, at the run's thread count
     threads: int | None = None
     decode_tok_s_measured: float | None = None
@@ -638,7 +639,12 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
                 for sequences in settings.batch_sequences:
                     step(f"engine: decode of {sequences} sequence{'s' if sequences > 1 else ''} together at context "
                          f"{context}")
-                    steps_s = runner.batched_decode(sequences, context, settings.decode_tokens)
+                    try:
+                        steps_s = runner.batched_decode(sequences, context, settings.decode_tokens)
+                    except SpeedlimitError as error:  # e.g. no memory for the sequences' context: the rest stands
+                        result.batched_decode_error = str(error)
+                        save()
+                        break
                     default, limit = predict(arch, hardware[threads], context, settings.decode_tokens, profile,
                                              batch=sequences)
                     s_bytes, s_flops = step_work(arch, "decode", context, settings.decode_tokens, sequences)
