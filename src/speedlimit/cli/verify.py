@@ -44,28 +44,29 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.0f}%"
 
 
+def _parse_counts(text: str, flag: str, what: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise SpeedlimitError(f"{flag} must be comma-separated {what}, got {text!r}") from None
+
+
 def parse_contexts(text: str | None) -> list[int] | None:
     if text is None:
         return None
-    try:
-        values = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise SpeedlimitError(f"--contexts must be comma-separated token counts like 128,512,2048, got {text!r}") from None
+    values = _parse_counts(text, "--contexts", "token counts like 128,512,2048")
     if not values or any(v < 1 for v in values):
         raise SpeedlimitError(f"--contexts must be positive token counts like 128,512,2048, got {text!r}")
     return values
 
 
 def parse_sequences(text: str | None) -> list[int] | None:
+    """--batch-sequences: counts like 1,2,4 (checked by VerifySettings), or none (also empty or 0) to skip."""
     if text is None:
         return None
     if text.strip() in ("", "0", "none"):
         return []
-    try:
-        values = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise SpeedlimitError(f"--batch-sequences must be comma-separated sequence counts like 1,2,4 (or none), got {text!r}") from None
-    return values
+    return _parse_counts(text, "--batch-sequences", "sequence counts like 1,2,4 (or none)")
 
 
 def _measured(point: PrefillPoint | DecodePoint, value: str) -> str:

@@ -259,8 +259,8 @@ def _fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops
 
 def _fit_joint(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float, before: Efficiency) -> CalibrationFit:
     """All four values at once, where verify timed decode steps of several sequences (see the comment at the top):
-    the deployment fit's solver (`_solve`) on these points, each in the regime the current fit puts it in, repeated
-    until the regimes settle; points far off (`_split_outliers`) are left out and the fit repeated without them."""
+    the deployment fit's (`_fit_regimes`) on these points; points far off (`_split_outliers`) are left out and the fit
+    repeated without them."""
     prior = DeploymentParams(bw_efficiency=before.bw_efficiency, flops_efficiency=before.flops_efficiency,
                              step_overhead_s=before.step_overhead_s, sequence_overhead_s=0.0)
 
@@ -268,33 +268,15 @@ def _fit_joint(points: list[CalibrationPoint], bandwidth_Bps: float, flops: floa
         return DeploymentPoint(point.kind, point.label, 0.0, point.sequences, point.step_bytes / (point.tp * bandwidth_Bps),
                                point.step_flops / (point.tp * flops), point.comm_s, point.measured_s, "fit")
 
-    def solve(chosen: list[CalibrationPoint]) -> tuple[DeploymentParams, list[str]]:
-        steps = [as_deployment(p) for p in chosen]
-        memory = [s.x_s / prior.bw_efficiency >= s.y_s / prior.flops_efficiency for s in steps]
-        notes: list[str] = []
-        for _ in range(20):
-            notes = []
-            params = _solve(steps, memory, prior, notes)
-            regimes = [s.x_s / params.bw_efficiency >= s.y_s / params.flops_efficiency for s in steps]
-            if regimes == memory:
-                break
-            memory = regimes
-        return params, notes
-
-    params, notes = solve(points)
+    params, notes = _fit_regimes([as_deployment(p) for p in points], prior)
     kept, excluded = _split_outliers(points, lambda p: params.predict(as_deployment(p)))
     if excluded:
-        params, notes = solve(kept)
+        params, notes = _fit_regimes([as_deployment(p) for p in kept], prior)
         notes.append(f"left out {len(excluded)} point(s) more than {OUTLIER_RELATIVE_ERROR:.0%} off the fit (runs "
                      "disturbed by other load?): " + ", ".join(f"{p.label} ({Path(p.source).name})" for p in excluded))
-    values = {"bw_efficiency": float(params.bw_efficiency), "flops_efficiency": float(params.flops_efficiency)}
-    for name, value in values.items():
-        if value > 1.0:
-            notes.append(f"{name} came out {value:.2f} (faster than the peak figure): capped at 1.0")
-            values[name] = 1.0
     overhead, per_sequence = min(float(params.step_overhead_s), 1.0), min(float(params.sequence_overhead_s),
                                                                           MAX_SEQUENCE_OVERHEAD_S)
-    fitted = Efficiency(bw_efficiency=values["bw_efficiency"], flops_efficiency=values["flops_efficiency"],
+    fitted = Efficiency(bw_efficiency=float(params.bw_efficiency), flops_efficiency=float(params.flops_efficiency),
                         step_overhead_s=overhead, basis="calibrated")
     return CalibrationFit(
         bw_efficiency=fitted.bw_efficiency, flops_efficiency=fitted.flops_efficiency, step_overhead_s=overhead,
@@ -687,6 +669,25 @@ def _solve(points: list[DeploymentPoint], memory: list[bool], prior: DeploymentP
                                 step_overhead_s=merged[2], sequence_overhead_s=merged[3])
 
 
+def _fit_regimes(points: list[DeploymentPoint], prior: DeploymentParams) -> tuple[DeploymentParams, list[str]]:
+    """`_solve` with each point in the regime the current fit puts it in (starting from the prior's), repeated until
+    the regimes settle; an efficiency above 1 is capped at 1. The fitted values and the notes of the last solve."""
+    memory = [p.x_s / prior.bw_efficiency >= p.y_s / prior.flops_efficiency for p in points]
+    for _ in range(20):
+        notes: list[str] = []
+        params = _solve(points, memory, prior, notes)
+        regimes = [p.x_s / params.bw_efficiency >= p.y_s / params.flops_efficiency for p in points]
+        if regimes == memory:
+            break
+        memory = regimes
+    for name in ("bw_efficiency", "flops_efficiency"):
+        value = getattr(params, name)
+        if value > 1.0:
+            notes.append(f"{name} came out {value:.2f} (faster than the peak figure): capped at 1.0")
+            params = DeploymentParams(**{**params.__dict__, name: 1.0})
+    return params, notes
+
+
 def fit_deployment(points: list[DeploymentPoint], prior: DeploymentParams) -> DeploymentFit:
     """Fit on the points of the fit fold, score both folds with the prior and the fit (see `DEPLOYMENT_SPLIT`)."""
     fit_points = [p for p in points if p.fold == "fit" and p.measured_s > 0]
@@ -694,22 +695,7 @@ def fit_deployment(points: list[DeploymentPoint], prior: DeploymentParams) -> De
         raise SpeedlimitError("the sweep has too few measured levels to fit: give a sweep of at least 3 load levels "
                               "with completed requests (e.g. bench --sweep concurrency=1,2,4,8; every other level is "
                               "held out)")
-    notes: list[str] = []
-    params = prior
-    memory = [p.x_s / prior.bw_efficiency >= p.y_s / prior.flops_efficiency for p in fit_points]
-    for _ in range(20):
-        trial_notes: list[str] = []
-        params = _solve(fit_points, memory, prior, trial_notes)
-        regimes = [p.x_s / params.bw_efficiency >= p.y_s / params.flops_efficiency for p in fit_points]
-        if regimes == memory:
-            break
-        memory = regimes
-    notes += trial_notes
-    for name in ("bw_efficiency", "flops_efficiency"):
-        value = getattr(params, name)
-        if value > 1.0:
-            notes.append(f"{name} came out {value:.2f} (faster than the peak figure): capped at 1.0")
-            params = DeploymentParams(**{**params.__dict__, name: 1.0})
+    params, notes = _fit_regimes(fit_points, prior)
     held = [p for p in points if p.fold == "held-out" and p.measured_s > 0]
     if not held:
         notes.append("no held-out level (the sweep has one level): nothing to score the fit on")
