@@ -347,7 +347,8 @@ def test_serve_bad_flags(port: object, host: str) -> None:
 @given(result=st.one_of(
     st.builds(lambda k, v: verify_result(**{k: v}),
               st.sampled_from(["decode", "prefill", "machine", "threads", "settings", "measured_bandwidth_Bps",
-                               "measured_flops", "complete", "schema"]), JSON_VALUES),
+                               "measured_flops", "complete", "schema", "batched_decode", "batched_decode_error"]),
+              JSON_VALUES),
     st.builds(lambda k, v: bench_summary(**{k: v}), st.sampled_from(["itl_s", "estimate", "points"]), JSON_VALUES),
     JSON_VALUES))
 def test_calibrate_any_json(isolated: Path, result: object) -> None:
@@ -365,6 +366,19 @@ def test_calibrate_any_predicted_column(isolated: Path, decode: object, prefill:
         row["tok_s_predicted"] = decode
     result["prefill"][0]["ttft_s_predicted"] = prefill
     path = write_config(isolated / "results.json", result)
+    check(invoke("calibrate", str(path), "--json", "--force"))
+
+
+@FUZZ
+@given(steps=st.lists(st.one_of(st.floats(min_value=1e-320, allow_nan=False, allow_infinity=False),
+                                st.sampled_from([1e-320, 1e308, 1e-9, 10.0])), min_size=2, max_size=4),
+       predicted=st.one_of(JSON_VALUES, st.sampled_from([1e-320, 1e308, -1.0, 0.0])))
+def test_calibrate_any_batched_series(isolated: Path, steps: list[float], predicted: object) -> None:
+    """A verify result whose batched series (decode of 1, 2, 4... sequences; the joint fit) holds hostile step times
+    and predictions: a fit, or one error line."""
+    series = [{"threads": 2, "sequences": n, "context": 128, "step_s": step, "step_s_predicted": predicted,
+               "step_bytes": 100e6 + 3e6 * n, "step_flops": 0.28e9 * n} for n, step in zip((1, 2, 4, 8), steps)]
+    path = write_config(isolated / "results.json", verify_result(batched_decode=series))
     check(invoke("calibrate", str(path), "--json", "--force"))
 
 
