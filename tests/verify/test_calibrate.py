@@ -326,3 +326,13 @@ def test_the_profile_keeps_the_per_sequence_cost_and_estimate_charges_it(cli, tm
     assert text.returncode == 0 and "2.00 ms per sequence" in " ".join(text.stdout.split()), text.stdout
     table = cli(["calibrate", str(path), "--name", "seqbox2"])
     assert table.returncode == 0 and "sequence_overhead_s" in table.stdout and "2000.0 us" in table.stdout
+
+
+@pytest.mark.filterwarnings("error")  # no numpy overflow warning on the way: the one line below is all the user sees
+def test_a_batched_step_too_small_to_weigh_is_one_error() -> None:
+    from speedlimit.errors import SpeedlimitError
+
+    points = batched_points(0.45, 0.35, 0.003, 0.002)
+    points[-2] = dataclasses.replace(points[-2], measured_s=1e-320)
+    with pytest.raises(SpeedlimitError, match="too small or too large to weigh"):
+        fit_calibration(points, BANDWIDTH, FLOPS, DEFAULTS)

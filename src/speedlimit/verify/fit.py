@@ -625,7 +625,12 @@ def _solve(points: list[DeploymentPoint], memory: list[bool], prior: DeploymentP
 
     rows = np.array([[p.x_s if m else 0.0, 0.0 if m else p.y_s, 1.0, p.sequences] for p, m in zip(points, memory)])
     target = np.array([p.measured_s - p.comm_s for p in points])
-    weight = 1.0 / np.array([p.measured_s for p in points])
+    with np.errstate(all="ignore"):  # a step time of 1e-320 s (a hand-edited file) overflows its weight: said below
+        weight = 1.0 / np.array([p.measured_s for p in points])
+        weighted = rows * weight[:, None]
+    if not (np.all(np.isfinite(weighted)) and np.all(np.isfinite(target * weight))):
+        raise SpeedlimitError("the measurements cannot be fitted: a step time is too small or too large to weigh "
+                              "(is the file hand-edited?)")
     fixed = {0: 1.0 / prior.bw_efficiency, 1: 1.0 / prior.flops_efficiency, 2: prior.step_overhead_s, 3: prior.sequence_overhead_s}
     free = [j for j in range(4) if np.any(rows[:, j] != 0)]
     for j in (0, 1):
