@@ -395,7 +395,8 @@ def test_calibrate_any_layout(isolated: Path, key: str, value: object, nodes: in
 @FUZZ
 @given(record=st.dictionaries(st.sampled_from(["memory_bandwidth_Bps", "bw_efficiency", "flops_efficiency", "step_overhead_s",
                                                "kernel_overhead_s", "name", "kind", "flops", "calibrated_at",
-                                               "calibrated_from", "memory_bytes"]),
+                                               "calibrated_from", "memory_bytes", "sequence_overhead_s",
+                                               "stream_compute_overlap"]),
                               st.one_of(st.floats(allow_nan=True), st.integers(-(2**63), 2**63 - 1), TEXT,
                                         st.lists(st.integers(), max_size=2)), max_size=4))
 def test_estimate_on_any_profile(isolated: Path, record: dict) -> None:

@@ -113,6 +113,8 @@ class Hardware(BaseModel):
     step_overhead_s: float | None = Field(None, ge=0, le=1.0)
     kernel_overhead_s: float | None = Field(None, ge=0, le=0.01)
     sequence_overhead_s: float | None = Field(None, ge=0, le=0.1)  # per running sequence per step (calibrate from bench)
+    # how far the step's stream and arithmetic overlap (1: the roofline's max; 0: they add), where calibrate found out
+    stream_compute_overlap: float | None = Field(None, ge=0, le=1.0)
     calibrated_at: str | None = None
     calibrated_from: list[str] = Field(default_factory=list)
     # CPUs only (None elsewhere): the memory layout one process's threads see. memory_bandwidth_Bps is the whole

@@ -225,3 +225,34 @@ def test_a_moe_file_with_two_tensor_types_prices_each_at_its_own_kernels():
     assert kernel_types(dataclasses.replace(dense, weight_bytes=WeightBytes(1e9, 1e9, 5e9, 0.0, file_type="q4_k_m")),
                         None, late) == ("q4_k", "q4_k")
     assert kernel_types(dense, None, late) == ("bf16", "bf16")  # a catalog model without --weights: bf16
+
+
+@pytest.mark.parametrize(("memory_s", "compute_s", "overlap", "expected"), [
+    (3.0, 1.0, 1.0, 3.0),  # the roofline: the larger
+    (3.0, 1.0, 0.0, 4.0),  # added
+    (1.0, 3.0, 0.5, 3.5),  # half of the smaller hidden
+    (2.0, 2.0, 0.0, 4.0),
+])  # fmt: skip
+def test_stream_and_arithmetic_combine_as_far_as_they_overlap(memory_s, compute_s, overlap, expected):
+    assert core.stream_compute_seconds(memory_s, compute_s, overlap) == pytest.approx(expected)
+    # arrays broadcast to the same values (a sweep grid)
+    grid = core.stream_compute_seconds(np.array([memory_s, memory_s]), np.array([compute_s, compute_s]), np.array(overlap))
+    assert grid == pytest.approx([expected, expected])
+
+
+def test_a_step_whose_stream_and_arithmetic_add_costs_both():
+    cost, machine = _setup("llama-3.1-8b")
+    step = core.decode_batch(cost, 32.0, 1000.0)
+    memory_s, compute_s = core.step_roofline(cost, machine, step)
+    roofline = float(core.step_seconds(cost, machine, step))
+    summed = float(core.step_seconds(cost, machine._replace(stream_compute_overlap=0.0), step))
+    assert summed - roofline == pytest.approx(min(memory_s, compute_s), rel=1e-9)
+
+
+@pytest.mark.parametrize("batch", [1, 64, 512])
+def test_mean_step_is_exact_when_stream_and_arithmetic_add(batch):
+    cost, machine = _setup("gemma-2-9b")
+    machine = machine._replace(stream_compute_overlap=0.0)
+    contexts = np.linspace(100, 9000, 200_001)
+    brute = float(np.mean(core.decode_step_seconds(cost, machine, batch, contexts)))
+    assert float(core.mean_decode_step_seconds(cost, machine, batch, 100, 9000)) == pytest.approx(brute, rel=1e-6)

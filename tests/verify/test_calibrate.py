@@ -254,14 +254,16 @@ def test_a_fit_that_misses_the_measurements_it_came_from_is_not_saved(cli, tmp_p
 # --- verify's batched series: decode steps of several sequences together -> the per-sequence cost -------------------
 
 
-def batched_points(bw_eff: float, flops_eff: float, overhead: float, per_sequence: float) -> list[CalibrationPoint]:
+def batched_points(bw_eff: float, flops_eff: float, overhead: float, per_sequence: float,
+                   overlap: float = 1.0) -> list[CalibrationPoint]:
     """`synthetic_points` priced with a per-sequence cost, plus verify's series of 1, 2, 4 and 8 sequences decoding
-    together at context 128 (SmolLM2-135M's work per sequence: the step turns compute-bound for slow compute)."""
+    together at context 128 (SmolLM2-135M's work per sequence: the step turns compute-bound for slow compute);
+    ``overlap`` 0: the truth's stream and arithmetic add."""
     truth = Efficiency(bw_efficiency=bw_eff, flops_efficiency=flops_eff, step_overhead_s=overhead)
     single = synthetic_points(bw_eff, flops_eff, overhead)
     series = [CalibrationPoint("decode", 100e6 + 23e3 * 128 * n, 0.28e9 * n, 0.0, f"{n} sequences", "synthetic",
                                sequences=float(n), batched=True) for n in (1, 2, 4, 8)]
-    return [dataclasses.replace(p, measured_s=predicted_step_seconds(p, BANDWIDTH, FLOPS, truth, per_sequence))
+    return [dataclasses.replace(p, measured_s=predicted_step_seconds(p, BANDWIDTH, FLOPS, truth, per_sequence, overlap))
             for p in single + series]
 
 
@@ -277,6 +279,37 @@ def test_a_batched_series_gives_the_per_sequence_cost(bw, flops, overhead, per_s
     # every point, the 8-sequence step included, is priced as estimate prices it: the cost once per sequence
     eight = next(p for p in fit.points if p.sequences == 8)
     assert fit.predicted_s(eight) == pytest.approx(eight.measured_s, rel=1e-9)
+
+
+    assert fit.stream_compute_overlap == 1.0  # the roofline's truth keeps the roofline's structure
+
+
+@pytest.mark.parametrize(("bw", "flops", "overhead", "per_sequence"),
+                         [(0.45, 0.35, 0.003, 0.002), (0.2, 0.8, 0.001, 0.0005), (0.3, 0.15, 0.0, 0.001)])
+def test_a_machine_whose_stream_and_arithmetic_add_is_fitted_as_such(bw, flops, overhead, per_sequence) -> None:
+    """A CPU that streams the weights and then multiplies (the project's VMs): the sum structure recovers the truth,
+    where the roofline's max cannot."""
+    points = batched_points(bw, flops, overhead, per_sequence, overlap=0.0)
+    fit = fit_calibration(points, BANDWIDTH, FLOPS, DEFAULTS)
+    assert fit.stream_compute_overlap == 0.0
+    assert fit.bw_efficiency == pytest.approx(bw, rel=1e-6)
+    assert fit.flops_efficiency == pytest.approx(flops, rel=1e-6)
+    assert fit.step_overhead_s == pytest.approx(overhead, rel=1e-6, abs=1e-12)
+    assert fit.sequence_overhead_s == pytest.approx(per_sequence, rel=1e-6, abs=1e-12)
+    assert fit.error_after["all"] == pytest.approx(0.0, abs=1e-9)
+    assert any("add on this machine" in note for note in fit.notes)
+    for point in fit.points:  # priced as estimate prices it: the stream plus the arithmetic
+        assert fit.predicted_s(point) == pytest.approx(point.measured_s, rel=1e-9)
+
+
+def test_where_one_term_dwarfs_the_other_the_roofline_stays() -> None:
+    """Arithmetic 20 times slower than the stream: a sum and a max differ by a few tenths of a percent, under
+    `STRUCTURE_MARGIN`, so the prior's structure stays and prices the points within that margin."""
+    from speedlimit.verify.fit import STRUCTURE_MARGIN
+
+    fit = fit_calibration(batched_points(0.9, 0.05, 0.0, 0.004, overlap=0.0), BANDWIDTH, FLOPS, DEFAULTS)
+    assert fit.stream_compute_overlap == 1.0
+    assert fit.error_after["all"] < STRUCTURE_MARGIN
 
 
 def test_without_a_batched_series_no_per_sequence_cost_is_fitted() -> None:
@@ -326,6 +359,32 @@ def test_the_profile_keeps_the_per_sequence_cost_and_estimate_charges_it(cli, tm
     assert text.returncode == 0 and "2.00 ms per sequence" in " ".join(text.stdout.split()), text.stdout
     table = cli(["calibrate", str(path), "--name", "seqbox2"])
     assert table.returncode == 0 and "sequence_overhead_s" in table.stdout and "2000.0 us" in table.stdout
+    assert "larger of" in table.stdout and fit["stream_compute_overlap"] == 1.0
+
+
+def test_the_profile_keeps_a_summed_step_and_estimate_prices_it(cli, tmp_path: Path, isolated_config: Path) -> None:
+    points = batched_points(0.45, 0.35, 0.003, 0.002, overlap=0.0)
+    result = verify_result(points)
+    result["batched_decode"] = [{"threads": 2, "sequences": int(p.sequences), "context": 128, "step_s": p.measured_s,
+                                 "step_bytes": p.step_bytes, "step_flops": p.step_flops} for p in points if p.batched]
+    result["decode"] = [d for d in result["decode"] if d["threads"] == 1 or d["context_start"] < 5]  # the sweep only
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(result))
+    done = cli(["calibrate", str(path), "--name", "sumbox", "--json"])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["stream_compute_overlap"] == 0.0
+    hardware = load_profile_hardware("sumbox")
+    assert hardware is not None and hardware.stream_compute_overlap == 0.0
+    priced = json.loads(cli(["estimate", "--model", "smollm2-135m", "--hardware", "sumbox", "--json"]).stdout)
+    assert priced["stream_compute_overlap"] == 0.0
+    # the decode step is its stream plus its arithmetic plus both overheads, not the larger of the first two
+    memory_s = priced["bytes_per_token"] / (hardware.memory_bandwidth_Bps * hardware.bw_efficiency)
+    compute_s = priced["flops_per_token"] / (priced["flops"] * hardware.flops_efficiency)
+    assert priced["itl_s"] == pytest.approx(memory_s + compute_s + 0.003 + 0.002, rel=1e-3)
+    text = cli(["estimate", "--model", "smollm2-135m", "--hardware", "sumbox"])
+    assert text.returncode == 0 and "the stream and the arithmetic add (calibrated)" in " ".join(text.stdout.split())
+    table = cli(["calibrate", str(path), "--name", "sumbox2"])
+    assert table.returncode == 0 and "added" in table.stdout and "add on this machine" in " ".join(table.stdout.split())
 
 
 @pytest.mark.filterwarnings("error")  # no numpy overflow warning on the way: the one line below is all the user sees

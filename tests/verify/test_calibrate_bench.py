@@ -39,7 +39,8 @@ def truth_machine(truth: DeploymentParams = TRUTH) -> tuple[core.CostModel, core
     machine = core.Machine(bandwidth_Bps=device.memory_bandwidth_Bps * truth.bw_efficiency,
                            flops=device.peak_flops("bf16") * truth.flops_efficiency,
                            step_overhead_s=truth.step_overhead_s, memory_bytes=math.nan, link_Bps=math.nan, tp=1.0,
-                           sequence_overhead_s=truth.sequence_overhead_s)
+                           sequence_overhead_s=truth.sequence_overhead_s,
+                           stream_compute_overlap=truth.stream_compute_overlap)
     return cost, machine
 
 
@@ -98,6 +99,20 @@ def test_fit_recovers_the_known_machine(tmp_path: Path) -> None:
     assert fit.errors["held-out"]["fitted"] == pytest.approx(0.0, abs=1e-9)
     assert fit.errors["held-out"]["prior"] > 0.05
     assert fit.refusal() is None
+    assert fit.fitted.stream_compute_overlap == 1.0
+
+
+def test_fit_recovers_a_deployment_whose_stream_and_arithmetic_add(tmp_path: Path) -> None:
+    """Arithmetic slow enough to matter at the fitted levels (at 64 sequences it takes longer than the stream), as on
+    a CPU: the fitted levels tell a sum from a max, and the sum recovers the truth."""
+    truth = DeploymentParams(bw_efficiency=0.55, flops_efficiency=0.02, step_overhead_s=1.2e-3, sequence_overhead_s=50e-6,
+                             stream_compute_overlap=0.0)
+    fit = fit_deployment(_points(write_sweep(tmp_path / "run", truth=truth)), _prior())
+    assert fit.fitted.stream_compute_overlap == 0.0
+    for name in ("bw_efficiency", "flops_efficiency", "step_overhead_s", "sequence_overhead_s"):
+        assert getattr(fit.fitted, name) == pytest.approx(getattr(truth, name), rel=1e-5), name
+    assert fit.errors["held-out"]["fitted"] == pytest.approx(0.0, abs=1e-9)  # the held-out levels too
+    assert any("add on this machine" in note for note in fit.notes)
 
 
 def test_split_is_fixed_every_other_level(tmp_path: Path) -> None:

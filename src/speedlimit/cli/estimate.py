@@ -167,9 +167,12 @@ def _caption(result: Estimate) -> str:
                "a step: its fused-MoE kernel)" if result.moe_bandwidth_efficiency is not None else "")
     per_sequence = (f" + {format_seconds(result.sequence_overhead_s)} per sequence" if result.sequence_overhead_s > 0
                     else "")
+    overlap = ("; the stream and the arithmetic add (calibrated)" if result.stream_compute_overlap == 0 else
+               f"; the stream and the arithmetic overlap {result.stream_compute_overlap:.0%} (calibrated)"
+               if result.stream_compute_overlap < 1 else "")
     return (
         f"achievable: {result.bw_efficiency:.0%} of peak bandwidth{experts}, {matmuls}, "
-        f"{format_seconds(result.step_overhead_s)} per step{per_sequence} ({escape(_short(basis))})"
+        f"{format_seconds(result.step_overhead_s)} per step{per_sequence}{overlap} ({escape(_short(basis))})"
     )
 
 

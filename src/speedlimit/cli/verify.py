@@ -370,6 +370,7 @@ def calibrate_command(
                    "layout": {field: getattr(base, field) for field in LAYOUT_FIELDS} if base.topology else None,
                    "flops": fit.flops if fit.flops and math.isfinite(fit.flops) else None, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
                    "step_overhead_s": fit.step_overhead_s, "sequence_overhead_s": fit.sequence_overhead_s,
+                   "stream_compute_overlap": fit.stream_compute_overlap,
                    "error_before": _finite_values(fit.error_before),
                    "error_after": _finite_values(fit.error_after),
                    "default_efficiency": fit.before.model_dump(), "points": len(fit.points),
@@ -402,7 +403,13 @@ def _efficiency_table(before_label: str, before: Any, after: Any, *, per_sequenc
     if per_sequence:
         table.add_row("sequence_overhead_s", f"{before.sequence_overhead_s * 1e6:.1f} us",
                       f"{after.sequence_overhead_s * 1e6:.1f} us")
+        table.add_row("stream + arithmetic", _structure(before.stream_compute_overlap), _structure(after.stream_compute_overlap))
     return table
+
+
+def _structure(overlap: float | None) -> str:
+    """How a step's stream and arithmetic combine, in words (None: the roofline's default)."""
+    return "added" if overlap == 0 else "larger of" if overlap is None or overlap == 1 else f"{overlap:.0%} overlap"
 
 
 def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
@@ -420,6 +427,7 @@ def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
     fields = _efficiency_table("default", fit.before, fit)
     if fit.sequence_overhead_s is not None:  # fitted from decode steps of several sequences (verify's batched decode)
         fields.add_row("sequence_overhead_s", "0.0 us", f"{fit.sequence_overhead_s * 1e6:.1f} us")
+        fields.add_row("stream + arithmetic", _structure(None), _structure(fit.stream_compute_overlap))
     for kind in ("decode", "prefill", "all"):
         fields.add_row(f"mean |error| {kind}", _pct(fit.error_before[kind]), _pct(fit.error_after[kind]))
     console.print(fields)
@@ -463,7 +471,8 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
                                base.interconnect_Bps or math.nan, max_sequences=cap)
     prior = DeploymentParams(bw_efficiency=step.efficiency.bw_efficiency, flops_efficiency=step.efficiency.flops_efficiency,
                              step_overhead_s=float(step.machine.step_overhead_s),
-                             sequence_overhead_s=float(step.machine.sequence_overhead_s))
+                             sequence_overhead_s=float(step.machine.sequence_overhead_s),
+                             stream_compute_overlap=float(step.machine.stream_compute_overlap))
     fit = fit_deployment(points, prior)
     fit.notes.extend(info.get("notes", []))
     refusal = fit.refusal()

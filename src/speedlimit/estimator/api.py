@@ -93,6 +93,9 @@ class Estimate(Artifact):
     # the routed experts' tensor type where its kernel rates price them apart from `cpu_kernels`' (MXFP4_MOE: mxfp4)
     cpu_expert_kernels: str | None = None
     sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
+    # 1: the step costs the larger of its stream and its arithmetic (the roofline); below 1, a calibrated profile found
+    # they overlap only that far (0: they add)
+    stream_compute_overlap: float = 1.0
     # of ttft_s: the pass that converts quantized weights to fp16 before the prefill's GEMMs (llama.cpp CUDA of early 2024)
     ttft_dequantize_s: float = 0.0
     # the fraction of the peak bandwidth the engine's fused-MoE kernel reads the routed experts at, in steps whose MoE
@@ -631,6 +634,8 @@ def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfil
         terms["attention_factor"] = engine.attention_efficiency.value / flops_efficiency
     if calibrated and device.sequence_overhead_s is not None:  # fitted on this deployment's bench sweep
         terms["sequence_overhead_s"] = float(device.sequence_overhead_s)
+    if calibrated and device.stream_compute_overlap is not None:  # which step structure fitted its measurements
+        terms["stream_compute_overlap"] = float(device.stream_compute_overlap)
     elif engine.sequence_overhead_s is not None:
         terms["sequence_overhead_s"] = float(engine.sequence_overhead_s.value)
     if scenario.step_overhead_s is not None:  # an explicit overhead is the whole per-step cost
@@ -822,6 +827,7 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         cpu_expert_kernels=(resolved.kernel_rate.expert_type if resolved.kernel_rate and not ideal
                             and resolved.kernel_rate.expert_type != resolved.kernel_rate.tensor_type else None),
         sequence_overhead_s=float(machine.sequence_overhead_s),
+        stream_compute_overlap=float(machine.stream_compute_overlap),
         ttft_dequantize_s=0.0 if ideal or ttft is None else float(core.dequantize_seconds(
             machine, core.micro_step(machine, core.prefill_batch(cost, float(batch), float(prompt)))[0].tokens)),
         moe_bandwidth_efficiency=(efficiency.bw_efficiency / float(machine.moe_bytes_factor)

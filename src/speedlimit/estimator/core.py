@@ -6,6 +6,7 @@ engine step). A step is described by running sums over its sequences (`StepBatch
 number of sequences:
 
     step_s = max(bytes_read / (tp · achievable_BW), flops_priced / (tp · achievable_FLOPs))
+             (+ the smaller of the two where a calibrated profile found they do not overlap: `stream_compute_seconds`)
              + per-step overhead + per-sequence overhead · sequences + tensor-parallel all-reduces
              + a weight conversion where the engine runs one before its GEMMs (`dequantize_seconds`)
 
@@ -144,6 +145,10 @@ class Machine(NamedTuple):
     # kernel of its own before the GEMMs (llama.cpp CUDA before MMQ became its default): added to the roofline
     dequantize_s: float | np.ndarray = 0.0
     dequantize_tokens: float | np.ndarray = math.inf
+    # how far a step's weight/KV stream and its arithmetic overlap: 1, the roofline's max(memory, compute); 0, they
+    # add (a CPU whose cores do the streaming and the multiply-accumulates in turn, as measured on the project's VMs:
+    # benchmarks/README.md). Only a calibrated profile sets it, from the user's own measurements (`verify.fit`).
+    stream_compute_overlap: float | np.ndarray = 1.0
 
 
 class StepBatch(NamedTuple):
@@ -566,11 +571,20 @@ def dequantize_seconds(machine: Machine, tokens):
     return np.where(np.asarray(tokens) > machine.dequantize_tokens, machine.dequantize_s, 0.0)
 
 
+def stream_compute_seconds(memory_s, compute_s, overlap=1.0):
+    """The time of a step's stream and arithmetic together: the larger of the two, plus the part of the smaller that
+    does not overlap it (``overlap`` 1: the roofline's max; 0: their sum)."""
+    if _scalar(memory_s) and _scalar(compute_s) and _scalar(overlap):
+        longer, shorter = (memory_s, compute_s) if memory_s >= compute_s else (compute_s, memory_s)
+        return longer if overlap == 1 else longer + (1.0 - overlap) * shorter
+    return np.maximum(memory_s, compute_s) + (1.0 - np.asarray(overlap)) * np.minimum(memory_s, compute_s)
+
+
 def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0, tokens=0.0):
     """Wall time of a step of ``tokens`` tokens that reads ``bytes_read`` and computes ``flops`` (whole step, all tp
     devices)."""
     memory_s, compute_s = roofline_seconds(bytes_read, flops, machine)
-    roof_s = max(memory_s, compute_s) if _scalar(memory_s) and _scalar(compute_s) else np.maximum(memory_s, compute_s)
+    roof_s = stream_compute_seconds(memory_s, compute_s, machine.stream_compute_overlap)
     return (roof_s + machine.step_overhead_s + machine.sequence_overhead_s * sequences + comm_s
             + dequantize_seconds(machine, tokens))
 

@@ -35,7 +35,10 @@ from speedlimit.verify.run import VerifyResult
 # Where verify also timed decode steps of several sequences together (its batched series), the four values are fitted
 # at once as a bench sweep's are (`_solve`): t = max(x / e_bw, y / e_f) + overhead + s · sequences + all-reduce,
 # y = FLOPs / (tp · FLOPs), each point in the regime the current fit puts it in, s the per-sequence cost: on a CPU a
-# further sequence's matvecs cost about their own arithmetic whether or not the step is still memory-bound.
+# further sequence's matvecs cost about their own arithmetic whether or not the step is still memory-bound. The same
+# points are also fitted with the stream and the arithmetic adding, t = x / e_bw + y / e_f + ... (the project's VMs
+# time llama.cpp's CPU steps so: benchmarks/README.md), and the structure that misses them less is kept
+# (`stream_compute_overlap` 1 or 0, `_fit_structure`).
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class CalibrationFit:
     excluded: list[CalibrationPoint] = field(default_factory=list)
     # per running sequence per step: fitted where the decode steps ran different numbers of sequences, else None
     sequence_overhead_s: float | None = None
+    # 1 (max) or 0 (sum) where the joint fit chose the step's structure, else None (the roofline's max)
+    stream_compute_overlap: float | None = None
 
     @property
     def efficiency(self) -> Efficiency:
@@ -81,7 +86,8 @@ class CalibrationFit:
 
     def predicted_s(self, point: CalibrationPoint, efficiency: Efficiency | None = None) -> float:
         return predicted_step_seconds(point, self.bandwidth_Bps, self.flops, efficiency or self.efficiency,
-                                      self.sequence_overhead_s or 0.0)
+                                      self.sequence_overhead_s or 0.0,
+                                      1.0 if self.stream_compute_overlap is None else self.stream_compute_overlap)
 
     def prior_s(self, point: CalibrationPoint) -> float:
         """The time the estimate predicted for this step before the fit: the input's own prediction where it
@@ -98,14 +104,15 @@ def prior_efficiency(hardware: Hardware) -> Efficiency:
 
 
 def predicted_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: float | None, efficiency: Efficiency,
-                           sequence_overhead_s: float = 0.0) -> float:
-    """The estimator's time for this point's step at these efficiencies and per-sequence cost (the same
-    `core.step_time` estimate uses)."""
+                           sequence_overhead_s: float = 0.0, stream_compute_overlap: float = 1.0) -> float:
+    """The estimator's time for this point's step at these efficiencies, per-sequence cost and step structure (the
+    same `core.step_time` estimate uses)."""
     machine = core.Machine(
         bandwidth_Bps=bandwidth_Bps * efficiency.bw_efficiency,
         flops=flops * efficiency.flops_efficiency if flops and math.isfinite(flops) else math.nan,
         step_overhead_s=efficiency.overhead_s(point.kernels),
         memory_bytes=math.nan, link_Bps=math.nan, tp=float(point.tp), sequence_overhead_s=sequence_overhead_s,
+        stream_compute_overlap=stream_compute_overlap,
     )
     return float(core.step_time(point.step_bytes, point.step_flops, machine, point.comm_s, point.sequences))
 
@@ -119,13 +126,15 @@ def prior_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: flo
 
 
 def fit_errors(points: list[CalibrationPoint], bandwidth_Bps: float, flops: float | None,
-               efficiency: Efficiency, *, prior: bool = False, sequence_overhead_s: float = 0.0) -> dict[str, float | None]:
+               efficiency: Efficiency, *, prior: bool = False, sequence_overhead_s: float = 0.0,
+               stream_compute_overlap: float = 1.0) -> dict[str, float | None]:
     """Mean absolute relative error of predicted vs measured step time, per kind and over all points (``prior``:
     of the prior's times, the inputs' own predictions where they recorded them)."""
     errors: dict[str, list[float]] = {"decode": [], "prefill": []}
     for point in points:
         predicted = (prior_step_seconds(point, bandwidth_Bps, flops, efficiency) if prior else
-                     predicted_step_seconds(point, bandwidth_Bps, flops, efficiency, sequence_overhead_s))
+                     predicted_step_seconds(point, bandwidth_Bps, flops, efficiency, sequence_overhead_s,
+                                            stream_compute_overlap))
         errors[point.kind].append(abs(predicted - point.measured_s) / point.measured_s)
     every = errors["decode"] + errors["prefill"]
     return {
@@ -268,10 +277,10 @@ def _fit_joint(points: list[CalibrationPoint], bandwidth_Bps: float, flops: floa
         return DeploymentPoint(point.kind, point.label, 0.0, point.sequences, point.step_bytes / (point.tp * bandwidth_Bps),
                                point.step_flops / (point.tp * flops), point.comm_s, point.measured_s, "fit")
 
-    params, notes = _fit_regimes([as_deployment(p) for p in points], prior)
+    params, notes = _fit_structure([as_deployment(p) for p in points], prior)
     kept, excluded = _split_outliers(points, lambda p: params.predict(as_deployment(p)))
     if excluded:
-        params, notes = _fit_regimes([as_deployment(p) for p in kept], prior)
+        params, notes = _fit_structure([as_deployment(p) for p in kept], prior)
         notes.append(f"left out {len(excluded)} point(s) more than {OUTLIER_RELATIVE_ERROR:.0%} off the fit (runs "
                      "disturbed by other load?): " + ", ".join(f"{p.label} ({Path(p.source).name})" for p in excluded))
     overhead, per_sequence = min(float(params.step_overhead_s), 1.0), min(float(params.sequence_overhead_s),
@@ -282,8 +291,10 @@ def _fit_joint(points: list[CalibrationPoint], bandwidth_Bps: float, flops: floa
         bw_efficiency=fitted.bw_efficiency, flops_efficiency=fitted.flops_efficiency, step_overhead_s=overhead,
         bandwidth_Bps=bandwidth_Bps, flops=flops, points=kept, before=before,
         error_before=fit_errors(kept, bandwidth_Bps, flops, before, prior=True),
-        error_after=fit_errors(kept, bandwidth_Bps, flops, fitted, sequence_overhead_s=per_sequence),
+        error_after=fit_errors(kept, bandwidth_Bps, flops, fitted, sequence_overhead_s=per_sequence,
+                               stream_compute_overlap=params.stream_compute_overlap),
         notes=notes, excluded=excluded, sequence_overhead_s=per_sequence,
+        stream_compute_overlap=params.stream_compute_overlap,
     )
 
 
@@ -483,6 +494,7 @@ def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list
         "flops_efficiency": round(fit.flops_efficiency, 4),
         "step_overhead_s": round(fit.step_overhead_s, 7),
         **({"sequence_overhead_s": round(fit.sequence_overhead_s, 9)} if fit.sequence_overhead_s is not None else {}),
+        **({"stream_compute_overlap": fit.stream_compute_overlap} if fit.stream_compute_overlap is not None else {}),
         "base_hardware": base.key,
         "source": base.source or "speedlimit calibrate",
         "calibrated_from": sources,
@@ -534,10 +546,12 @@ class DeploymentParams:
     flops_efficiency: float
     step_overhead_s: float
     sequence_overhead_s: float
+    stream_compute_overlap: float = 1.0  # 1: the step costs the larger of stream and arithmetic; 0: their sum
 
     def predict(self, point: DeploymentPoint) -> float:
-        return (max(point.x_s / self.bw_efficiency, point.y_s / self.flops_efficiency) + self.step_overhead_s
-                + self.sequence_overhead_s * point.sequences + point.comm_s)
+        return (core.stream_compute_seconds(point.x_s / self.bw_efficiency, point.y_s / self.flops_efficiency,
+                                            self.stream_compute_overlap)
+                + self.step_overhead_s + self.sequence_overhead_s * point.sequences + point.comm_s)
 
 
 @dataclass
@@ -617,13 +631,17 @@ def _mean_error(points: list[DeploymentPoint], params: DeploymentParams) -> floa
     return sum(errors) / len(errors) if errors else None
 
 
-def _solve(points: list[DeploymentPoint], memory: list[bool], prior: DeploymentParams,
+def _solve(points: list[DeploymentPoint], memory: list[bool] | None, prior: DeploymentParams,
            notes: list[str]) -> DeploymentParams:
-    """Weighted (1/t) least squares for (1/e_bw, 1/e_f, step, seq) with each point in its given regime; a parameter
-    the points cannot determine keeps its prior, and a negative cost is fixed at 0."""
+    """Weighted (1/t) least squares for (1/e_bw, 1/e_f, step, seq) with each point in its given regime (``memory``
+    None: every point pays both, the stream and the arithmetic adding); a parameter the points cannot determine keeps
+    its prior, and a negative cost is fixed at 0."""
     import numpy as np
 
-    rows = np.array([[p.x_s if m else 0.0, 0.0 if m else p.y_s, 1.0, p.sequences] for p, m in zip(points, memory)])
+    additive = memory is None
+    rows = np.array([[p.x_s, p.y_s, 1.0, p.sequences] if additive else
+                     [p.x_s if m else 0.0, 0.0 if m else p.y_s, 1.0, p.sequences]
+                     for p, m in zip(points, memory or [False] * len(points))])
     target = np.array([p.measured_s - p.comm_s for p in points])
     with np.errstate(all="ignore"):  # a step time of 1e-320 s (a hand-edited file) overflows its weight: said below
         weight = 1.0 / np.array([p.measured_s for p in points])
@@ -671,7 +689,8 @@ def _solve(points: list[DeploymentPoint], memory: list[bool], prior: DeploymentP
             continue
         merged = {**fixed, **values}
         return DeploymentParams(bw_efficiency=1.0 / merged[0], flops_efficiency=1.0 / merged[1],
-                                step_overhead_s=merged[2], sequence_overhead_s=merged[3])
+                                step_overhead_s=merged[2], sequence_overhead_s=merged[3],
+                                stream_compute_overlap=0.0 if additive else 1.0)
 
 
 def _fit_regimes(points: list[DeploymentPoint], prior: DeploymentParams) -> tuple[DeploymentParams, list[str]]:
@@ -685,12 +704,43 @@ def _fit_regimes(points: list[DeploymentPoint], prior: DeploymentParams) -> tupl
         if regimes == memory:
             break
         memory = regimes
+    return _capped(params, notes), notes
+
+
+def _capped(params: DeploymentParams, notes: list[str]) -> DeploymentParams:
+    """``params`` with an efficiency above 1 (faster than the peak figure) capped at 1, and a note saying so."""
     for name in ("bw_efficiency", "flops_efficiency"):
         value = getattr(params, name)
         if value > 1.0:
             notes.append(f"{name} came out {value:.2f} (faster than the peak figure): capped at 1.0")
             params = DeploymentParams(**{**params.__dict__, name: 1.0})
-    return params, notes
+    return params
+
+
+#: The sum structure replaces the roofline's only where it misses the fitted points by this much less (mean |error|):
+#: below it the two describe the points alike (a GPU's sweep often fits both exactly) and the roofline stays.
+STRUCTURE_MARGIN = 0.01
+
+
+def _fit_structure(points: list[DeploymentPoint], prior: DeploymentParams) -> tuple[DeploymentParams, list[str]]:
+    """The better of two step structures on ``points``: the roofline's (`_fit_regimes`: the larger of stream and
+    arithmetic) and the stream and the arithmetic adding (one `_solve` with every point paying both), each with its
+    own four fitted values. The sum is kept only where it misses the points less on average by `STRUCTURE_MARGIN`;
+    the notes say so with both errors. Either structure has the same four free values, so neither wins by having
+    more to fit with."""
+    params, notes = _fit_regimes(points, prior)
+    sum_notes: list[str] = []
+    try:
+        summed = _capped(_solve(points, None, prior, sum_notes), sum_notes)
+    except SpeedlimitError:  # the sum cannot be fitted on these points: the roofline's fit stands
+        return params, notes
+    max_error, sum_error = _mean_error(points, params), _mean_error(points, summed)
+    if max_error is None or sum_error is None or not sum_error < max_error - STRUCTURE_MARGIN:
+        return params, notes
+    sum_notes.append(f"the stream and the arithmetic add on this machine: a step costs the weight and KV stream plus "
+                     f"its multiply-accumulates ({sum_error:.0%} mean error on the fitted points, against "
+                     f"{max_error:.0%} for the larger of the two), so the profile prices them added")
+    return summed, sum_notes
 
 
 def fit_deployment(points: list[DeploymentPoint], prior: DeploymentParams) -> DeploymentFit:
@@ -700,7 +750,7 @@ def fit_deployment(points: list[DeploymentPoint], prior: DeploymentParams) -> De
         raise SpeedlimitError("the sweep has too few measured levels to fit: give a sweep of at least 3 load levels "
                               "with completed requests (e.g. bench --sweep concurrency=1,2,4,8; every other level is "
                               "held out)")
-    params, notes = _fit_regimes(fit_points, prior)
+    params, notes = _fit_structure(fit_points, prior)
     held = [p for p in points if p.fold == "held-out" and p.measured_s > 0]
     if not held:
         notes.append("no held-out level (the sweep has one level): nothing to score the fit on")
@@ -790,6 +840,7 @@ def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str
         "flops_efficiency": round(params.flops_efficiency, 4),
         "step_overhead_s": round(params.step_overhead_s, 7),
         "sequence_overhead_s": round(params.sequence_overhead_s, 9),
+        "stream_compute_overlap": params.stream_compute_overlap,
         "base_hardware": base.key,
         "engine": engine,
         "source": base.source or "speedlimit calibrate",
