@@ -116,6 +116,24 @@ def test_sweep_csv_matches_single_estimates():
         assert row["regime"] == single.regime
 
 
+def test_sweep_without_weights_prices_each_model_as_estimate_does():
+    """No --weights: a .gguf at its own type and a checkpoint at its shipped format, the formats estimate prices
+    without --weights (a q4_1 file swept as bf16 read 2.7x its bytes)."""
+    from speedlimit.bundled import default_gguf_path
+
+    gguf = str(default_gguf_path())
+    out = runner.invoke(app, ["sweep", "-m", gguf, "-m", "gpt-oss-20b", "-H", "h100-sxm", "--batch", "1,16",
+                              "--context", "512", "--format", "json"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)
+    assert {row["weights"] for row in rows} == {"q4_1", "experts=mxfp4,default=bf16"}
+    for row in rows:
+        model = gguf if row["weights"] == "q4_1" else "gpt-oss-20b"
+        single = estimate(model, "h100-sxm", batch=row["batch"], prompt=512)
+        assert row["weights"] == single.weights
+        assert row["decode_tok_s"] == pytest.approx(single.decode_tok_s, rel=1e-9)
+
+
 def test_sweep_kv_and_tp_match_single_estimates():
     out = runner.invoke(app, ["sweep", "-m", "llama-3.1-70b", "-H", "h100-sxm", "--weights", "fp8", "--kv", "fp8", "--tp", "4",
                               "--batch", "1,32", "--context", "8192", "--format", "json"])  # fmt: skip

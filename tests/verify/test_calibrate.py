@@ -381,6 +381,9 @@ def test_the_profile_keeps_a_summed_step_and_estimate_prices_it(cli, tmp_path: P
     memory_s = priced["bytes_per_token"] / (hardware.memory_bandwidth_Bps * hardware.bw_efficiency)
     compute_s = priced["flops_per_token"] / (priced["flops"] * hardware.flops_efficiency)
     assert priced["itl_s"] == pytest.approx(memory_s + compute_s + 0.003 + 0.002, rel=1e-3)
+    grid = json.loads(cli(["sweep", "-m", "smollm2-135m", "-H", "sumbox", "--batch", "1,4", "--context", "512",
+                           "--output", "256", "--format", "json"]).stdout)
+    assert grid[0]["itl_s"] == pytest.approx(priced["itl_s"], rel=1e-9)  # sweep prices the profile's sum as well
     text = cli(["estimate", "--model", "smollm2-135m", "--hardware", "sumbox"])
     assert text.returncode == 0 and "the stream and the arithmetic add (calibrated)" in " ".join(text.stdout.split())
     table = cli(["calibrate", str(path), "--name", "sumbox2"])

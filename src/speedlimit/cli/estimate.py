@@ -206,7 +206,9 @@ def sweep_command(
     model: Annotated[list[str], typer.Option("--model", "-m", help="Catalog name, config.json, .gguf or size; repeat for several.")],
     hardware: Annotated[list[str], typer.Option("--hardware", "-H", help="Catalog hardware or calibrated profile; repeat for several.")],
     weights: Annotated[str, typer.Option(help="Comma-separated weight formats, e.g. 16,8,4 or bf16,q4_0; a per-group "
-                                              "spelling (experts=mxfp4,default=bf16) is one value.")] = "16",
+                                              "spelling (experts=mxfp4,default=bf16) is one value; shipped: each "
+                                              "model's own (a .gguf's type, a checkpoint's format), as estimate "
+                                              "prices it without --weights.")] = "shipped",
     batch: Annotated[str, typer.Option(help="Batches: 1,8,64 or a doubling range 1:256.")] = "1",
     context: Annotated[str, typer.Option(help="Prompt/context tokens: 512,4096 or a doubling range 128:32768.")] = "512",
     fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
