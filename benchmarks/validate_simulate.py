@@ -15,7 +15,8 @@ Run (from the repository root, with the real engine installed):
   of how the engine behaves under load, held out from the fit.
 
 The engines: llama.cpp's C++ `llama-server` (`-t 2 --parallel 8 -c 8192 --metrics`: continuous batching, 8 slots,
-8,192 KV cells, n_batch 2,048), simulated as ``continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192``; and
+8,192 KV cells, n_batch 2,048), simulated as ``continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192,
+slot_streams=1`` (``--parallel 8`` gives each slot its own KV stream: `speedlimit simulate --slot-streams`); and
 llama-cpp-python's server (one request at a time; prompts in n_batch = 512 calls), simulated as ``serial``.
 """
 
@@ -36,7 +37,7 @@ from typing import Any
 
 LLAMA_SERVER = Path(os.environ.get("SPEEDLIMIT_LLAMA_SERVER",
                                    "/root/.cache/speedlimit/llama-server/0.3.36/build/bin/llama-server"))
-ENGINE_SPECS = {"llama-server": "continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192",
+ENGINE_SPECS = {"llama-server": "continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192,slot_streams=1",
                 "llama-cpp-python": "serial"}
 COMPARED = (("TTFT p50", "ttft_s", "p50"), ("TPOT p50", "tpot_s", "p50"), ("E2E p50", "e2e_s", "p50"),
             ("TTFT p90", "ttft_s", "p90"), ("output tok/s", "output_tok_s", None))

@@ -692,7 +692,7 @@ SIMULATE_VALUES = st.one_of(
                                                  "--prefix-groups"]),
                                 SIMULATE_VALUES), max_size=4),
        switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--chunked-prefill", "--prefix-caching",
-                                          "--no-prefix-caching"]), max_size=2),
+                                          "--no-prefix-caching", "--slot-streams", "--no-slot-streams"]), max_size=2),
        hardware=st.sampled_from(["h100-sxm", "amd-epyc-9654-2p"]))
 def test_simulate_any_flags(flags: list[tuple[str, str]], switches: list[str], hardware: str) -> None:
     argv = ["simulate", "-m", "llama-3.1-8b", "-H", hardware, *[a for pair in flags for a in pair], *switches]
@@ -708,7 +708,8 @@ def test_simulate_any_flags(flags: list[tuple[str, str]], switches: list[str], h
                                        ("--kv-tokens", "600"), ("--prefix-tokens", "64"), ("--sweep", "rate=1,4"),
                                        ("--engine", "vllm"), ("--engine", "sglang"), ("--engine", "sglang-0.4")]),
                      max_size=2, unique=True),
-       switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--prefix-caching"]), max_size=2))
+       switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--prefix-caching", "--slot-streams"]),
+                         max_size=2))
 def test_simulate_data_parallel_any_load(dp: str, load: tuple[str, str], end: tuple[str, str],
                                          extra: list[tuple[str, str]], switches: list[str]) -> None:
     """--dp N runs N replicas (with --ep they step together, and SGLang splits its token budget among them): any

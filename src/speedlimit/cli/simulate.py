@@ -35,7 +35,7 @@ def simulation_table(summary: RunSummary) -> Table:
     name = f"{engine['engine']}: " if engine.get("engine") else ""
     table = Table(title=f"inside the engine ({name}{engine.get('mode', '?')}, max {engine.get('max_seqs')} sequences, "
                         f"{engine.get('max_batched_tokens'):,} tokens/step, "
-                        f"{_prefill_label(engine)})",
+                        f"{_prefill_label(engine)}{', a KV stream per slot' if engine.get('slot_streams') else ''})",
                   show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -137,6 +137,10 @@ def simulate_command(
     prefix_caching: Optional[bool] = typer.Option(None, "--prefix-caching/--no-prefix-caching", metavar="",
                                                   help="Reuse the cached KV blocks of a prompt's shared prefix, LRU "
                                                        "eviction (default: the engine profile's)."),
+    slot_streams: bool = flag_option("--slot-streams/--no-slot-streams",
+                                     "llama.cpp's server started with --parallel N (no --kv-unified): each slot its own "
+                                     "KV stream, and a step runs one forward pass per run of consecutive busy slots.",
+                                     default=False),
     block_size: int = typer.Option(16, help="KV-cache block size in tokens (paged attention)."),
     kv_tokens: Optional[int] = typer.Option(None, help="KV-cache capacity in tokens (default: memory beside the "
                                                        "weights; llama-server: its -c)."),
@@ -159,7 +163,7 @@ def simulate_command(
     step = with_sequence_overhead(resolve(scenario_from(**inputs)), sequence_overhead)
     config = engine_config(scheduler, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
                            chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step,
-                           use_profile=use_profile, prefix_caching=prefix_caching)
+                           use_profile=use_profile, prefix_caching=prefix_caching, slot_streams=slot_streams)
     slo_bounds = parse_slo(slo)
     check_out_dir(out, force)  # bench's check, before any work: never a file, never over a run unless --force
     workload_options = dict(burstiness=burstiness, requests=requests, duration_s=duration, prompt_tokens=prompt_tokens,

@@ -150,7 +150,8 @@ def coupled(step: StepModel) -> bool:
 def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_batched_tokens: int | None = None,
                   chunked_prefill: bool | None = None, block_size: int = 16, kv_tokens: float | None = None,
                   step: StepModel | None = None, profile: EngineProfile | None = None,
-                  use_profile: bool = True, prefix_caching: bool | None = None) -> EngineConfig:
+                  use_profile: bool = True, prefix_caching: bool | None = None,
+                  slot_streams: bool = False) -> EngineConfig:
     """An engine's scheduler: explicit options over the engine profile's defaults (``profile``, else ``step``'s
     engine; vLLM's and SGLang's depend on the device's memory and the KV capacity); with ``mode`` given
     (continuous or serial), that scheduler's generic defaults instead. The KV capacity from memory beside the weights (one data-parallel replica's). ``use_profile=False``: the mode's generic defaults only."""
@@ -203,7 +204,10 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
                           chunked_prefill=True if chunked_prefill is None else bool(chunked_prefill),
                           prefill_first=prefill_first,
                           block_size=block_size, kv_capacity_tokens=capacity,
-                          prefix_caching=bool(prefix_caching))
+                          prefix_caching=bool(prefix_caching), slot_streams=bool(slot_streams))
+    if slot_streams and lockstep_replicas > 1:
+        raise SpeedlimitError("--slot-streams (llama.cpp's server slots) does not combine with data-parallel replicas "
+                              "that step together")
     if max_batched_tokens is None and mode == "continuous" and tokens < max_seqs and not config.prefills_alone:
         # a step that mixes decodes with prefills must hold every running sequence's decode (vLLM requires
         # max_num_batched_tokens >= max_num_seqs); where prefill steps run alone the budget is theirs only
@@ -696,6 +700,7 @@ def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> 
         "tp": step.tp, "engine": step.engine.key if step.engine is not None else None, "mode": engine.mode, "max_seqs": engine.slots, "max_batched_tokens": engine.max_batched_tokens,
         "chunked_prefill": engine.chunked_prefill, "prefill_first": engine.prefills_alone,
         "prefix_caching": engine.prefix_caching,
+        **({"slot_streams": True} if engine.slot_streams else {}),
         "block_size": engine.block_size,
         "kv_capacity_tokens": engine.kv_capacity_tokens if math.isfinite(engine.kv_capacity_tokens) else None,
         "bw_efficiency": step.efficiency.bw_efficiency, "flops_efficiency": step.flops_efficiency,
@@ -736,7 +741,7 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv=None, compute=None, 
              trace: Path | str | None = None, time_scale: float = 1.0, engine: str | None = None, scheduler: str | None = None, max_seqs: int | None = None,
              max_batched_tokens: int | None = None, chunked_prefill: bool | None = None, block_size: int = 16,
              kv_tokens: int | None = None, slo: str | dict[str, float] | None = None, prefix_tokens: int = 0,
-             prefix_groups: int = 1, prefix_caching: bool | None = None) -> Simulation:
+             prefix_groups: int = 1, prefix_caching: bool | None = None, slot_streams: bool = False) -> Simulation:
     """Predict a serving engine under load, in bench's terms: records and a `RunSummary` (``source="simulate"``).
 
     Model/hardware/precision/parallelism (tp, pp, ep; dp: replicas, `run_replicas`, stepping together with ep) as
@@ -744,7 +749,8 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv=None, compute=None, 
     ``requests`` or ``duration_s``; bench's length distributions or a dataset; ``seed``; ``prefix_tokens`` shared by
     every prompt, one text per ``prefix_groups``); the serving
     ``engine`` (a catalog/engines.toml profile: its step costs and scheduler defaults) and the scheduler's knobs
-    (``prefix_caching`` too), which override the profile's; ``slo`` for goodput ("ttft=500ms,tpot=50ms").
+    (``prefix_caching`` too), which override the profile's; ``slot_streams``: llama.cpp's server with ``--parallel N``,
+    each slot its own KV stream (`EngineConfig.slot_streams`); ``slo`` for goodput ("ttft=500ms,tpot=50ms").
     """
     engine, scheduler, use_profile = split_engine(engine, scheduler)
     step = resolve(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, pp=pp, ep=ep, dp=dp, ideal=ideal,
@@ -753,7 +759,7 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv=None, compute=None, 
                    sequence_overhead_s=sequence_overhead_s, engine=engine)
     config = engine_config(scheduler, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
                            chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step,
-                           use_profile=use_profile, prefix_caching=prefix_caching)
+                           use_profile=use_profile, prefix_caching=prefix_caching, slot_streams=slot_streams)
     workload = build_workload(concurrency=concurrency, rate=rate, burstiness=burstiness, requests=requests,
                               duration_s=duration_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                               dataset=dataset, seed=seed, trace=trace, time_scale=time_scale,
@@ -794,6 +800,7 @@ def sweep(step: StepModel, engine: EngineConfig, parameter: str, values: Sequenc
 ENGINE_SPEC_KEYS = {"max_seqs": int, "max_batched_tokens": int, "kv_tokens": int, "block_size": int,
                     "chunked_prefill": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
                     "prefix_caching": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
+                    "slot_streams": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
                     "step_overhead": float, "sequence_overhead": float}
 
 

@@ -22,6 +22,16 @@ The engine (vLLM-v1-like, and llama.cpp's server with ``--parallel N``):
   (its blocks freed, it goes back to the head of the queue and later recomputes its prompt plus the tokens it had
   generated, emitting its next token when that recompute ends);
 - ``serial``: one request at a time (llama-cpp-python's server): the same loop with one slot;
+- ``slot_streams``: llama.cpp's server started with ``--parallel N`` (and no ``--kv-unified``) gives each slot a KV
+  stream of its own, and llama.cpp splits such a batch into micro-batches of consecutive sequence ids, each one
+  forward pass that reads the weights again (vendored llama.cpp src/llama-kv-cache.cpp ``init_batch`` →
+  src/llama-batch.cpp ``split_equal(n_ubatch, sequential=true)``: "accept only increasing sequence ids", and a
+  micro-batch takes the same number of tokens from each of its sequences). A request takes the least recently
+  used free slot, the highest-numbered among those never used (tools/server/server-context.cpp
+  ``get_available_slot``: ``t_last_used <= t_last``); the server's batch holds the decode tokens in slot order, then
+  the prompt tokens in slot order. So slots 0, 2 and 3 decoding together cost two passes (0 | 2, 3), and a prompt
+  chunk whose slot follows a decoder's gives that micro-batch one of its tokens and runs the rest in passes of its
+  own (``UBATCH_TOKENS`` at most). Priced as the sum of the passes' steps (`SplitStep`);
 - ``prefix_caching`` (with a workload that says which prompts share leading tokens): a prefix cache of whole KV blocks,
   vLLM V1's and SGLang's. A request belongs to a *prefix group* whose members agree on their first ``shared`` tokens
   (a system prompt, a conversation's history); the group's blocks 0 … k−1 are a contiguous chain, or continue its
@@ -70,6 +80,16 @@ from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 
 
+#: llama.cpp's physical batch (``-ub``, ``n_ubatch``: 512 by default, common/common.h): the most tokens one pass of
+#: `slot_streams`'s split takes
+UBATCH_TOKENS = 512
+
+
+class SplitStep(list):
+    """One engine step that runs as several forward passes (`EngineConfig.slot_streams`): one `core.StepBatch` per
+    pass; the step lasts their sum."""
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the simulated engine schedules. ``kv_capacity_tokens`` is the KV cache size in tokens (inf: unbounded)."""
@@ -84,6 +104,8 @@ class EngineConfig:
     block_size: int = 16
     kv_capacity_tokens: float = math.inf
     prefix_caching: bool = False
+    # llama-server with --parallel N: a KV stream per slot, a batch split into passes of consecutive slots (above)
+    slot_streams: bool = False
 
     @property
     def prefills_alone(self) -> bool:
@@ -108,6 +130,9 @@ class EngineConfig:
         if self.max_batched_tokens < self.slots and not self.prefills_alone:
             raise SpeedlimitError(f"--max-batched-tokens ({self.max_batched_tokens}) must be at least --max-seqs "
                                   f"({self.slots}): every running sequence decodes one token per step")
+        if self.slot_streams and (self.mode != "continuous" or self.prefills_alone):
+            raise SpeedlimitError("slot streams are llama.cpp's server's --parallel slots: they need the continuous "
+                                  "scheduler with mixed steps (chunked prefill, no prefill-first)")
         if not (self.kv_capacity_tokens > 0):
             raise SpeedlimitError(f"the KV cache holds no tokens ({self.kv_capacity_tokens!r}): the weights leave no "
                                   "memory for it; use more memory, --tp, fewer --weights bits or --kv-tokens")
@@ -170,6 +195,56 @@ def _blocks(tokens: int, block: int) -> int:
     return -(-tokens // block)
 
 
+def slot_passes(decoders: list[tuple[int, int]], chunks: list[tuple[int, int, int]], window: float = math.inf,
+                causal=core.causal_pairs) -> list[core.StepBatch]:
+    """The forward passes llama.cpp runs for one step of a server whose slots have KV streams of their own
+    (`EngineConfig.slot_streams`), each as a `core.StepBatch`: ``decoders`` (slot, tokens cached) decode one token
+    each, ``chunks`` (slot, start, end) compute prompt tokens start … end-1. The batch holds the decode tokens in
+    slot order, then the prompt tokens in slot order; a pass starts at the first sequence with tokens left, takes
+    every later sequence (in batch order) whose slot is the last one's + 1, and the same number of tokens from each:
+    as many as all have left, at most `UBATCH_TOKENS` in all (llama-batch.cpp ``split_equal``)."""
+    order = [(slot, 1, cached, True) for slot, cached in sorted(decoders)]
+    order += [(slot, end - start, start, False) for slot, start, end in sorted(chunks)]
+    left = [n for _, n, _, _ in order]
+    done = [0] * len(order)
+    windowed = math.isfinite(window)
+    passes: list[core.StepBatch] = []
+    first = 0
+    while first < len(order):
+        if left[first] == 0:
+            first += 1
+            continue
+        members = [first]
+        for j in range(first + 1, len(order)):
+            if len(members) >= UBATCH_TOKENS:
+                break
+            if left[j] and order[j][0] == order[members[-1]][0] + 1:
+                members.append(j)
+        rounds = max(1, min(min(left[j] for j in members), UBATCH_TOKENS // len(members)))
+        n_dec = dec_ctx = dec_local = 0.0
+        pf_seqs = pf_tokens = pf_ctx = pf_local = pf_pairs = pf_pairs_local = 0.0
+        for j in members:
+            _, _, base, decoder = order[j]
+            if decoder:  # attends to its cached tokens and its own
+                n_dec += 1
+                dec_ctx += base + 1
+                dec_local += min(base + 1, window)
+            else:
+                start = base + done[j]
+                end = start + rounds
+                pf_seqs += 1
+                pf_tokens += rounds
+                pf_ctx += end
+                pf_pairs += causal(end) - causal(start)
+                pf_local += min(end, window)
+                pf_pairs_local += causal(end, window) - causal(start, window) if windowed else causal(end) - causal(start)
+            left[j] -= rounds
+            done[j] += rounds
+        passes.append(core.StepBatch(n_dec, dec_ctx, dec_local, pf_seqs, pf_tokens, pf_ctx, pf_local, pf_pairs,
+                                     pf_pairs_local))
+    return passes
+
+
 def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, prompts: list[int], outputs: list[int],
         **workload) -> RawRun:
     """Simulate the engine serving a workload (`replica`'s arguments); returns per-request and per-step facts (no
@@ -180,7 +255,10 @@ def run(cost: core.CostModel, machine: core.Machine, engine: EngineConfig, promp
     try:
         request = next(loop)
         while True:
-            request = loop.send(step_seconds(cost, machine, request) if request.__class__ is StepBatch else request)
+            kind = request.__class__
+            request = loop.send(step_seconds(cost, machine, request) if kind is StepBatch else
+                                sum(step_seconds(cost, machine, part) for part in request) if kind is SplitStep
+                                else request)
     except StopIteration as stop:
         return stop.value
 
@@ -192,6 +270,8 @@ def run_lockstep(cost: core.CostModel, machine: core.Machine, engine: EngineConf
     keyword arguments (``prompts``, ``outputs`` and the load). Each replica schedules its own batch with its own
     queue and KV cache; a step lasts as long as the slowest replica's, and a replica with nothing to run waits it
     out. Returns each replica's run, its times on the common clock."""
+    if engine.slot_streams:
+        raise SpeedlimitError("slot streams (llama.cpp's server) do not run as data-parallel replicas that step together")
     loops = [replica(cost, engine, **share) for share in shares]
     pending: list = [None] * len(loops)  # per replica: its next StepBatch, a wake-up time, or None (done)
     runs: list[RawRun | None] = [None] * len(loops)
@@ -366,6 +446,28 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
     step_waiting: list[int] = []
     step_in_system: list[int] = []
     step_kv: list[int] = []
+    step_passes: list[int] = []  # forward passes per step (slot streams only)
+
+    # llama-server's slots (`EngineConfig.slot_streams`): each running request's slot; when each free slot was last
+    # released (-1: never), and so which one the next request takes
+    streams = engine.slot_streams
+    slot_of: dict[int, int] = {}
+    released_at: list[float] = [-1.0] * (slots if streams else 0)
+    free_slots: set[int] = set(range(slots)) if streams else set()
+    slot_log: list[int] = []  # the slot of each admission, in order (llama-server logs the same: "launch_slot_: id N")
+
+    def take_slot(rid: int) -> None:
+        # least recently used; of those never used, the highest-numbered; of those released in one step, the first
+        # released (the server releases them in slot order)
+        slot = min(free_slots, key=lambda k: (released_at[k], k if released_at[k] >= 0 else -k))
+        free_slots.discard(slot)
+        slot_of[rid] = slot
+        slot_log.append(slot)
+
+    def free_slot(rid: int) -> None:
+        slot = slot_of.pop(rid)
+        released_at[slot] = now
+        free_slots.add(slot)
 
     issued = 0
     completed = 0
@@ -548,6 +650,8 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
             cached = R_done[rid]
             del prefilling[rid]
         del running[rid]
+        if streams:
+            free_slot(rid)
         if caching:
             release(rid, cached)
         else:
@@ -662,14 +766,19 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                     extend(rid, start + n)
                 running[rid] = None
                 prefilling[rid] = None
+                if streams:
+                    take_slot(rid)
                 if R_sched[rid] < 0:
                     R_sched[rid] = now
                 chunks.append((rid, n))
                 budget -= n
+        spans: list[tuple[int, int, int]] = []  # (rid, start, end) of each prompt chunk (slot streams only)
         for rid, n in chunks:
             start = R_done[rid]
             end = start + n
             R_done[rid] = end
+            if streams:
+                spans.append((rid, start, end))
             pf_seqs += 1
             pf_tokens += n
             pf_ctx += end
@@ -686,6 +795,12 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
         batch = StepBatch(n_dec, float(sum_ctx) if n_dec else 0.0,
                           (sum_local if windowed else float(sum_ctx)) if n_dec else 0.0,
                           pf_seqs, pf_tokens, pf_ctx, pf_local, pf_pairs, pf_pairs_local)
+        if streams:
+            passes = slot_passes([(slot_of[rid], ctx_now(rid, d)) for rid in decoding] if n_dec else [],
+                                 [(slot_of[rid], start, end) for rid, start, end in spans], window, causal)
+            step_passes.append(len(passes))
+            if len(passes) > 1:
+                batch = SplitStep(passes)
         dt = yield batch
         now += dt
         end_times.append(now)
@@ -713,6 +828,8 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                 else:
                     free_blocks += _blocks(cached, block)
                 del running[rid]
+                if streams:
+                    free_slot(rid)
                 R_gen[rid] = R_output[rid]
                 R_last[rid] = s
                 completed += 1
@@ -730,6 +847,8 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
             R_last[rid] = s
             if R_gen[rid] >= R_output[rid]:
                 del running[rid]
+                if streams:
+                    free_slot(rid)
                 if caching:
                     release(rid, R_done[rid])
                 else:
@@ -764,4 +883,5 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                   last_step=R_last, preemptions=R_pre, segments=segments, end_times=end_times, step_s=step_s_list, step_batch=step_batch,
                   step_tokens=step_tokens, step_prefill=step_prefill, step_waiting=step_waiting, step_in_system=step_in_system,
                   step_kv_blocks=step_kv, kv_blocks=total_blocks, decode_steps=decode_steps, idle_s=idle_s,
-                  prefix_cached=R_cached, prefix_hit_tokens=hit_tokens, prefix_query_tokens=query_tokens)
+                  prefix_cached=R_cached, prefix_hit_tokens=hit_tokens, prefix_query_tokens=query_tokens,
+                  extra={"step_passes": step_passes, "slots": slot_log} if streams else {})

@@ -1,0 +1,105 @@
+"""llama.cpp's server with --parallel N (`EngineConfig.slot_streams`): a KV stream per slot, a step split into passes
+of consecutive slots (llama-batch.cpp split_equal), slots taken least recently used (server-context.cpp)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from speedlimit.cli import app
+from speedlimit.errors import SpeedlimitError
+from speedlimit.estimator import core
+from speedlimit.simulator.api import engine_config, parse_engine_spec, resolve
+from speedlimit.simulator.engine import UBATCH_TOKENS, EngineConfig, run, slot_passes
+
+STEP = resolve("llama-3.1-8b", "rtx-4090")
+
+
+def _passes(decoders, chunks):
+    return [(int(p.decode_sequences), int(p.prefill_sequences), int(p.prefill_tokens))
+            for p in slot_passes(decoders, chunks)]
+
+
+def test_consecutive_slots_decode_in_one_pass_and_a_gap_splits_them():
+    assert _passes([(4, 100), (5, 100), (6, 100), (7, 100)], []) == [(4, 0, 0)]
+    # slots 0, 2, 3 and 5: three runs (0 | 2, 3 | 5), as the server's step with those slots busy runs three passes
+    assert _passes([(5, 100), (0, 100), (3, 100), (2, 100)], []) == [(1, 0, 0), (2, 0, 0), (1, 0, 0)]
+
+
+def test_a_prompt_after_a_decoder_gives_its_pass_one_token_and_runs_the_rest_alone():
+    # decode tokens first in slot order, then the prompt tokens: slot 1's prompt follows slot 0's decode
+    assert _passes([(0, 50)], [(1, 0, 128)]) == [(1, 1, 1), (0, 1, 127)]
+    # a prompt whose slot does not follow the last decoder's runs apart, in passes of at most UBATCH_TOKENS
+    assert _passes([(0, 50)], [(3, 0, 600)]) == [(1, 0, 0), (0, 1, UBATCH_TOKENS), (0, 1, 600 - UBATCH_TOKENS)]
+    # two prompts in consecutive slots share passes, the same number of tokens from each
+    assert _passes([], [(2, 0, 100), (3, 0, 40)]) == [(0, 2, 80), (0, 1, 60)]
+
+
+def test_the_passes_hold_exactly_the_steps_work():
+    decoders, chunks = [(0, 300), (2, 70), (3, 1000)], [(1, 16, 144), (6, 0, 700)]
+    passes = slot_passes(decoders, chunks)
+    total = core.StepBatch(*(sum(p[i] for p in passes) for i in range(len(core.StepBatch._fields))))
+    assert total.decode_sequences == 3 and total.decode_context == (300 + 1) + (70 + 1) + (1000 + 1)
+    assert total.prefill_tokens == 128 + 700
+    assert total.prefill_pairs == pytest.approx((core.causal_pairs(144) - core.causal_pairs(16)) + core.causal_pairs(700))
+
+
+def _closed(engine, prompts, outputs, concurrency, requests):
+    return run(STEP.cost, STEP.machine, engine, prompts, outputs, concurrency=concurrency, requests=requests)
+
+
+def test_fresh_slots_go_highest_first_then_least_recently_used():
+    engine = EngineConfig(max_seqs=4, max_batched_tokens=2048, slot_streams=True)
+    raw = _closed(engine, [64], [8], concurrency=4, requests=12)
+    # never used: the highest-numbered first (the server's `<=` scan); released together: the first released
+    assert raw.extra["slots"][:4] == [3, 2, 1, 0]
+    assert raw.extra["slots"][4:8] == [0, 1, 2, 3]
+    # equal requests that start together stay in consecutive slots: one pass a step, the same run as one stream
+    plain = _closed(EngineConfig(max_seqs=4, max_batched_tokens=2048), [64], [8], concurrency=4, requests=12)
+    assert max(raw.extra["step_passes"]) == 1 and raw.end_times == pytest.approx(plain.end_times, rel=1e-12)
+
+
+def test_scattered_slots_cost_a_pass_each_and_slow_the_run(monkeypatch):
+    priced = []
+    original = core.step_seconds
+
+    def spy(cost, machine, step):
+        priced.append(step)
+        return original(cost, machine, step)
+
+    monkeypatch.setattr(core, "step_seconds", spy)
+    prompts, outputs = [40, 90, 20, 130, 60], [5, 40, 12, 70, 23]
+    streams = _closed(EngineConfig(max_seqs=4, max_batched_tokens=2048, slot_streams=True), prompts, outputs, 4, 30)
+    assert max(streams.extra["step_passes"]) > 1  # the lengths differ, so the slots scatter
+    assert len(priced) == sum(streams.extra["step_passes"])  # every pass priced by the one step-cost model
+    one = _closed(EngineConfig(max_seqs=4, max_batched_tokens=2048), prompts, outputs, 4, 30)
+    assert streams.end_times[-1] > one.end_times[-1]  # each extra pass reads the weights again
+    assert streams.n == one.n == 30
+
+
+def test_slot_streams_need_llama_servers_mixed_continuous_steps():
+    with pytest.raises(SpeedlimitError, match="slot streams"):
+        EngineConfig(mode="serial", slot_streams=True).check()
+    with pytest.raises(SpeedlimitError, match="slot streams"):
+        EngineConfig(chunked_prefill=False, slot_streams=True).check()
+    assert engine_config("continuous", slot_streams=True).slot_streams
+    assert parse_engine_spec("continuous,max_seqs=8,slot_streams=1")["slot_streams"] is True
+
+
+def test_simulate_slot_streams_on_the_command_line():
+    runner = CliRunner()
+    base = ["simulate", "-m", "llama-3.1-8b", "-H", "rtx-4090", "--scheduler", "continuous", "--max-seqs", "4",
+            "--prompt-tokens", "uniform:32:256", "--output-tokens", "48", "--concurrency", "4", "--requests", "24",
+            "--json"]
+    plain, split = (runner.invoke(app, base + extra) for extra in ([], ["--slot-streams"]))
+    assert plain.exit_code == 0 and split.exit_code == 0, split.output
+    import json
+
+    plain, split = json.loads(plain.output), json.loads(split.output)
+    summary = split.get("summary", split)
+    assert summary["engine"]["slot_streams"] is True
+    assert "slot_streams" not in plain.get("summary", plain)["engine"]
+    assert summary["output_tok_s"] <= plain.get("summary", plain)["output_tok_s"] * (1 + 1e-9)
+    assert math.isfinite(summary["output_tok_s"])
