@@ -13,6 +13,7 @@ from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
 from speedlimit.simulator.api import engine_config, parse_engine_spec, resolve
 from speedlimit.simulator.engine import UBATCH_TOKENS, EngineConfig, run, slot_passes
+from tests.simulate.test_engine import _spy_steps
 
 STEP = resolve("llama-3.1-8b", "rtx-4090")
 
@@ -62,14 +63,7 @@ def test_fresh_slots_go_highest_first_then_least_recently_used():
 
 
 def test_scattered_slots_cost_a_pass_each_and_slow_the_run(monkeypatch):
-    priced = []
-    original = core.step_seconds
-
-    def spy(cost, machine, step):
-        priced.append(step)
-        return original(cost, machine, step)
-
-    monkeypatch.setattr(core, "step_seconds", spy)
+    priced = _spy_steps(monkeypatch)
     prompts, outputs = [40, 90, 20, 130, 60], [5, 40, 12, 70, 23]
     streams = _closed(EngineConfig(max_seqs=4, max_batched_tokens=2048, slot_streams=True), prompts, outputs, 4, 30)
     assert max(streams.extra["step_passes"]) > 1  # the lengths differ, so the slots scatter

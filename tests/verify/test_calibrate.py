@@ -336,15 +336,20 @@ def test_reads_the_batched_series_of_a_verify_result(tmp_path: Path) -> None:
     assert all(p.kind == "decode" and "together" in p.label for p in series)
 
 
-def test_the_profile_keeps_the_per_sequence_cost_and_estimate_charges_it(cli, tmp_path: Path,
-                                                                        isolated_config: Path) -> None:
-    points = batched_points(0.45, 0.35, 0.003, 0.002)
+def _batched_verify_file(tmp_path: Path, points: list[CalibrationPoint]) -> Path:
+    """A verify result holding ``points``: the context sweep at its headline threads and the batched series."""
     result = verify_result(points)
     result["batched_decode"] = [{"threads": 2, "sequences": int(p.sequences), "context": 128, "step_s": p.measured_s,
                                  "step_bytes": p.step_bytes, "step_flops": p.step_flops} for p in points if p.batched]
     result["decode"] = [d for d in result["decode"] if d["threads"] == 1 or d["context_start"] < 5]  # the sweep only
     path = tmp_path / "verify.json"
     path.write_text(json.dumps(result))
+    return path
+
+
+def test_the_profile_keeps_the_per_sequence_cost_and_estimate_charges_it(cli, tmp_path: Path,
+                                                                        isolated_config: Path) -> None:
+    path = _batched_verify_file(tmp_path, batched_points(0.45, 0.35, 0.003, 0.002))
     done = cli(["calibrate", str(path), "--name", "seqbox", "--json"])
     assert done.returncode == 0, done.stderr
     fit = json.loads(done.stdout)
@@ -363,13 +368,7 @@ def test_the_profile_keeps_the_per_sequence_cost_and_estimate_charges_it(cli, tm
 
 
 def test_the_profile_keeps_a_summed_step_and_estimate_prices_it(cli, tmp_path: Path, isolated_config: Path) -> None:
-    points = batched_points(0.45, 0.35, 0.003, 0.002, overlap=0.0)
-    result = verify_result(points)
-    result["batched_decode"] = [{"threads": 2, "sequences": int(p.sequences), "context": 128, "step_s": p.measured_s,
-                                 "step_bytes": p.step_bytes, "step_flops": p.step_flops} for p in points if p.batched]
-    result["decode"] = [d for d in result["decode"] if d["threads"] == 1 or d["context_start"] < 5]  # the sweep only
-    path = tmp_path / "verify.json"
-    path.write_text(json.dumps(result))
+    path = _batched_verify_file(tmp_path, batched_points(0.45, 0.35, 0.003, 0.002, overlap=0.0))
     done = cli(["calibrate", str(path), "--name", "sumbox", "--json"])
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["stream_compute_overlap"] == 0.0
