@@ -255,3 +255,17 @@ def test_a_sweep_whose_levels_shared_their_prompts_is_noted(tmp_path: Path, monk
                                  "--json"])
     assert result.exit_code == 0, result.output
     assert any(n.startswith("this sweep does not record") for n in json.loads(result.output)["notes"])
+
+
+def test_a_profile_saved_before_the_step_structure_keeps_its_own_per_sequence_cost() -> None:
+    """A deployment profile written before `stream_compute_overlap` existed (no such field) still charges the
+    per-sequence cost it was fitted with, not the engine profile's (vLLM's cited 12.7 us), and the roofline's max."""
+    from speedlimit.hardware import Hardware
+
+    base = resolve_hardware(HARDWARE)
+    saved = Hardware(**{**base.model_dump(), "key": "olddeploy", "name": "olddeploy", "bw_efficiency": 0.7,
+                        "flops_efficiency": 0.4, "step_overhead_s": 1e-3, "sequence_overhead_s": 3e-3,
+                        "calibrated_at": "2026-12-04T00:00:00+00:00"})
+    priced = estimate(MODEL, saved, engine="vllm", batch=8)
+    assert priced.sequence_overhead_s == pytest.approx(3e-3)
+    assert priced.stream_compute_overlap == 1.0

@@ -634,10 +634,10 @@ def engine_efficiency(scenario: Scenario, device: Hardware, engine: EngineProfil
         terms["attention_factor"] = engine.attention_efficiency.value / flops_efficiency
     if calibrated and device.sequence_overhead_s is not None:  # fitted on this deployment's bench sweep
         terms["sequence_overhead_s"] = float(device.sequence_overhead_s)
-    if calibrated and device.stream_compute_overlap is not None:  # which step structure fitted its measurements
-        terms["stream_compute_overlap"] = float(device.stream_compute_overlap)
     elif engine.sequence_overhead_s is not None:
         terms["sequence_overhead_s"] = float(engine.sequence_overhead_s.value)
+    if calibrated and device.stream_compute_overlap is not None:  # which step structure fitted its measurements
+        terms["stream_compute_overlap"] = float(device.stream_compute_overlap)
     if scenario.step_overhead_s is not None:  # an explicit overhead is the whole per-step cost
         step_s, kernel_s = scenario.step_overhead_s, 0.0
     elif calibrated and device.step_overhead_s is not None:  # measured on the deployment: the whole per-step cost
