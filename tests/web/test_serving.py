@@ -51,8 +51,9 @@ POINT_KEYS = {"ttft_p50_s": ("ttft_s", "p50"), "ttft_p99_s": ("ttft_s", "p99"), 
     {"load": "concurrency", "values": [2, 8], "engine": "vllm", "prefix_tokens": 1000, "prefix_caching": False},
     {"load": "rate", "values": [10, 40], "engine": "vllm", "dp": 2, "output": 64},
     {"load": "concurrency", "values": [3, 8], "tp": 2, "dp": 2, "output": 64},
+    {"load": "rate", "values": [2, 8], "scheduler": "continuous", "max_seqs": 8, "slot_streams": True, "output": 48},
 ], ids=["concurrency-slo", "rate", "serial", "cpu-numa", "pipeline-experts", "prefix", "prefix-uncached", "dp-rate",
-        "dp-concurrency"])
+        "dp-concurrency", "slot-streams"])
 def test_every_level_equals_the_command_line_it_prints(client, body):
     response = _post(client, **body)
     assert response.status_code == 200, response.text
@@ -186,7 +187,7 @@ anything = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.
 @FUZZ
 @given(field=st.sampled_from(["load", "values", "requests", "seed", "engine", "scheduler", "max_seqs", "max_batched_tokens",
                               "chunked_prefill", "slo", "prompt", "output", "tp", "pp", "dp", "ep", "kv", "weights",
-                              "prefix_tokens", "prefix_caching"]),
+                              "prefix_tokens", "prefix_caching", "slot_streams"]),
        value=anything)
 def test_any_value_of_any_field_is_200_or_a_one_line_422(client, field, value):
     response = client.post("/api/simulate", json={**BASE, "output": 32, field: value})

@@ -8,7 +8,7 @@ Endpoints (OpenAPI docs at ``/docs``):
   its knee and the roofline (`speedlimit.estimator.curves`); the page makes one such call per change.
 - ``POST /api/simulate``: same body plus the load (``load``, ``values``, ``requests``, ``seed``, a shared
   ``prefix_tokens``), the engine (``engine``, ``max_seqs``, ``max_batched_tokens``, ``chunked_prefill``,
-  ``prefix_caching``) and ``slo`` -> the serving view: a
+  ``prefix_caching``, ``slot_streams``) and ``slo`` -> the serving view: a
   simulated load sweep, bounded to about a second of work (`speedlimit.web.serving`).
 - ``GET /api/models``, ``GET /api/hardware``, ``GET /api/engines``: the catalogs.
 - ``GET /`` the page, ``/static/*`` its assets, ``/vendor/plotly.min.js`` the chart library served

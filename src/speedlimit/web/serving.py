@@ -74,6 +74,9 @@ class SimulateRequest(EstimateRequest):
                                                               "--prefix-tokens).")
     prefix_caching: bool | None = Field(None, description="Reuse the cached KV blocks of the shared prefix (default: "
                                                           "the engine profile's).")
+    slot_streams: bool = Field(False, description="llama.cpp's server started with --parallel N: each slot its own KV "
+                                                  "stream, a step one forward pass per run of consecutive busy slots "
+                                                  "(continuous scheduler, chunked prefill).")
     slo: str | None = Field(None, max_length=200, description="Goodput SLO as on the command line, e.g. "
                                                               "ttft=1s,tpot=50ms (keys ttft itl tpot e2e).")
 
@@ -205,6 +208,8 @@ def _command_line(body: Any, scenario: Any, parameter: str, values: list[float],
         argv += ["--prefix-tokens", str(body.prefix_tokens)]
     if body.prefix_caching is not None:
         argv.append("--prefix-caching" if body.prefix_caching else "--no-prefix-caching")
+    if body.slot_streams:
+        argv.append("--slot-streams")
     if body.slo:
         argv += ["--slo", body.slo]
     return shlex.join(argv)
@@ -222,7 +227,8 @@ def simulate_view(body: Any, scenario: Any) -> dict[str, Any]:
     slo = parse_slo(body.slo)
     step = resolve(scenario)
     engine = engine_config(body.scheduler, max_seqs=body.max_seqs, max_batched_tokens=body.max_batched_tokens,
-                           chunked_prefill=body.chunked_prefill, step=step, prefix_caching=body.prefix_caching)
+                           chunked_prefill=body.chunked_prefill, step=step, prefix_caching=body.prefix_caching,
+                           slot_streams=body.slot_streams)
     parameter = body.load
     prompt, output = int(scenario.prompt), int(scenario.output)
     shared = int(body.prefix_tokens)
