@@ -139,6 +139,28 @@ def test_the_replay_runs_as_many_sequences_as_the_server_has_slots_unless_the_sp
     assert with_server_engine(None, both) == ("kv_tokens=4096,block_size=16,max_seqs=3",
                                               {"kv_tokens_from_server": 4096.0, "max_seqs_from_server": 3.0})
     assert with_server_engine("continuous", both)[0] == "continuous,kv_tokens=4096,block_size=16,max_seqs=3"
+    # how its KV cache was laid out is not in /props: the replay says so, once, until the spec names it
+    assert any("slot_streams=1" in note for note in measured.notes)
+    assert len([note for note in measured.notes if "slot_streams=1" in note]) == 1
+
+
+def test_a_llama_server_replay_with_slot_streams_prices_its_passes():
+    """``slot_streams=1`` in the replay's spec replays llama-server --parallel N: no note, and the replay is the
+    simulation of that engine."""
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import slot_streams_note
+
+    run = simulate("llama-3.1-8b", "l40s", concurrency=4, requests=16, prompt_tokens="uniform:32:512", output_tokens=48,
+                   seed=7, engine="continuous", max_seqs=4, slot_streams=True)
+    server = ServerMetrics(engine="llamacpp", slots=4, slot_context_tokens=1024)
+    measured = run.summary.model_copy(update={"server": server, "notes": []})
+    block = replay_for(measured, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b",
+                       engine="continuous,slot_streams=1")
+    assert block.predicted["engine"]["slot_streams"] is True
+    assert block.comparison["e2e_s.mean"].ratio == pytest.approx(1.0, rel=1e-6)
+    assert not measured.notes and slot_streams_note("slot_streams=0", server) is None
+    assert slot_streams_note(None, ServerMetrics(engine="vllm", slots=4)) is None
+    assert slot_streams_note(None, ServerMetrics(engine="llamacpp", slots=1)) is None
 
 
 def test_the_replay_runs_the_deployment_the_server_ran():

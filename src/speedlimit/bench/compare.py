@@ -95,6 +95,9 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
         summary.warnings.append(mismatch)
     # the shared prefixes it sent (bench's endpoint block; a simulated run's engine block)
     sent = ((summary.endpoint or {}).get("workload") or (summary.engine or {}).get("workload") or {})
+    note = slot_streams_note(engine, summary.server)
+    if note is not None and note not in summary.notes:
+        summary.notes.append(note)
     engine, taken = with_server_engine(engine, summary.server)
     given = {k: v for k, v in (("tp", tp), ("dp", dp), ("ep", ep)) if v is not None}
     reported = server_layout(summary.server) if not given else None
@@ -197,6 +200,20 @@ def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tupl
     if not options:
         return engine, {}
     return ",".join([engine, *options] if engine else options), taken
+
+
+def slot_streams_note(engine: str | None, server: ServerMetrics | None) -> str | None:
+    """A note where a llama-server with several slots is replayed without saying how its KV cache was laid out: its
+    /props does not tell a cache per slot (``--parallel N``, the replay's ``slot_streams=1``) from one pool
+    (``--kv-unified``, and its default when --parallel is not given), and the two step differently."""
+    from speedlimit.simulator import parse_engine_spec
+
+    if server is None or server.engine != "llamacpp" or not server.slots or server.slots < 2 \
+            or "slot_streams" in parse_engine_spec(engine):
+        return None
+    return (f"llama-server ran {int(server.slots)} slots: if it was started with --parallel {int(server.slots)} and no "
+            "--kv-unified, each slot has a KV cache of its own and a step runs one forward pass per run of consecutive "
+            "busy slots; add slot_streams=1 to --replay-engine to replay that (simulate --slot-streams)")
 
 
 #: The engine profile each engine that /metrics names runs as: its latest profile, or the versioned one whose
