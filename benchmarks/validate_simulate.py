@@ -129,6 +129,14 @@ def run_bench(url: str, out: Path, concurrencies: list[int], requests: int, prom
             raise RuntimeError(f"bench at concurrency {concurrency} failed {attempts} times")
 
 
+def bench_points(engine: str, gguf: Path, threads: int, out: Path, concurrencies: list[int], requests: int, prompt: int,
+                 output: int, seed: int, fresh_server: bool = False) -> None:
+    """Bench every concurrency against one server, or (``fresh_server``) each against a server of its own."""
+    for group in ([[c] for c in concurrencies] if fresh_server else [concurrencies]):
+        with Server(engine, gguf, threads) as server:
+            run_bench(server.url, out, group, requests, prompt, output, seed, engine)
+
+
 def _bisect(predict, target: float, low: float = 1e-4, high: float = 1.0) -> float:
     """The value in [low, high] (log scale) where the decreasing function ``predict`` meets ``target``."""
     for _ in range(50):
@@ -190,7 +198,11 @@ def figure(summary, metric: str, stat: str | None) -> float | None:
 
 
 def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], requests: int, prompt: int, output: int,
-             seed: int = 1, bench: bool = True, basis: Any = None, threads: int | None = None) -> dict[str, Any]:
+             seed: int = 1, bench: bool = True, basis: Any = None, threads: int | None = None,
+             fresh_server: bool = False) -> dict[str, Any]:
+    """Bench ``concurrencies`` against one server (``fresh_server``: a server of its own for each, so no point
+    inherits the slots the points and warm-ups before it left busy or scattered, which the replay of one point cannot
+    know), replay each point, and return measured ÷ predicted."""
     from speedlimit.artifacts import iter_records, load_summary
     from speedlimit.bundled import default_gguf_path
     from speedlimit.catalog import resolve_model
@@ -198,8 +210,7 @@ def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], re
     gguf = default_gguf_path()
     threads = threads or DEFAULT_THREADS[engine]
     if bench:
-        with Server(engine, gguf, threads) as server:
-            run_bench(server.url, out, concurrencies, requests, prompt, output, seed, engine)
+        bench_points(engine, gguf, threads, out, concurrencies, requests, prompt, output, seed, fresh_server)
     model = resolve_model(str(gguf))
     points = {c: load_summary(out / f"concurrency_{c}" / "summary.json") for c in concurrencies}
     records = {c: list(iter_records(out / f"concurrency_{c}" / "requests.jsonl")) for c in points}
@@ -217,12 +228,13 @@ def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], re
             rows.append(row)
     return {"engine": engine, "hardware": hardware, "basis": basis, "spec": ENGINE_SPECS[engine], "engine_profile": profile,
             "workload": {"prompt": prompt, "output": output, "requests": requests, "seed": seed},
-            "threads": threads, "rows": rows}
+            "threads": threads, "fresh_server": fresh_server, "rows": rows}
 
 
 def print_result(result: dict[str, Any]) -> None:
     profile = result["engine_profile"]
-    print(f"{result['engine']} ({result['spec']}; server compute threads: {result['threads']}) on "
+    fresh = "; a fresh server per concurrency" if result.get("fresh_server") else ""
+    print(f"{result['engine']} ({result['spec']}; server compute threads: {result['threads']}{fresh}) on "
           f"{getattr(result['hardware'], 'name', result['hardware'])}; workload {result['workload']}")
     print(f"engine profile fitted at concurrency 1: bandwidth efficiency {profile['bw_efficiency']:.3f}, step overhead "
           f"{profile['step_overhead'] * 1e3:.2f} ms, FLOP/s efficiency {profile['flops_efficiency']:.3f}")
@@ -255,10 +267,13 @@ def main() -> None:
     parser.add_argument("--no-bench", action="store_true", help="re-analyse an existing --out directory")
     parser.add_argument("--threads", type=int, help="the server's compute threads (default: llama-server 2, "
                                                      "llama-cpp-python 1; see DEFAULT_THREADS)")
+    parser.add_argument("--fresh-server", action="store_true",
+                        help="start a new server for each concurrency (no slot history from the points before)")
     args = parser.parse_args()
     result = validate(args.engine, hardware_arg(args.hardware), args.out, [int(c) for c in args.concurrency.split(",")],
                       args.requests, args.prompt, args.output, bench=not args.no_bench,
-                      basis=hardware_arg(args.basis) if args.basis else None, threads=args.threads)
+                      basis=hardware_arg(args.basis) if args.basis else None, threads=args.threads,
+                      fresh_server=args.fresh_server)
     (args.out / "validation.json").write_text(json.dumps(result, indent=2, default=str))
     print_result(result)
 

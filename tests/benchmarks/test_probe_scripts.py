@@ -53,3 +53,35 @@ def test_the_gpu_probe_refuses_without_torch_or_cuda_in_one_line() -> None:
     if has_cuda:
         pytest.skip("a CUDA device is here: the probe would run")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "gpu_step_probe:" in done.stderr
+
+
+def test_the_simulator_validation_can_bench_each_concurrency_on_a_fresh_server(monkeypatch, tmp_path) -> None:
+    """`validate_simulate.py --fresh-server`: one server per concurrency, so no point inherits the slots the points
+    before it left scattered (a replay of one point starts with fresh slots); without it one server serves them all."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import validate_simulate
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    servers: list[list[int]] = []
+
+    class FakeServer:
+        url = "http://127.0.0.1:1/v1"
+
+        def __init__(self, *args) -> None:
+            servers.append([])
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    monkeypatch.setattr(validate_simulate, "Server", FakeServer)
+    monkeypatch.setattr(validate_simulate, "run_bench", lambda url, out, group, *rest: servers[-1].extend(group))
+    validate_simulate.bench_points("llama-server", tmp_path / "m.gguf", 2, tmp_path, [1, 2, 4], 8, 128, 32, 1,
+                                   fresh_server=True)
+    assert servers == [[1], [2], [4]]
+    servers.clear()
+    validate_simulate.bench_points("llama-server", tmp_path / "m.gguf", 2, tmp_path, [1, 2, 4], 8, 128, 32, 1)
+    assert servers == [[1, 2, 4]]
