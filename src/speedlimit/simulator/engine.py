@@ -195,8 +195,8 @@ def _blocks(tokens: int, block: int) -> int:
     return -(-tokens // block)
 
 
-def slot_passes(decoders: list[tuple[int, int]], chunks: list[tuple[int, int, int]], window: float = math.inf,
-                causal=core.causal_pairs) -> list[core.StepBatch]:
+def slot_passes(decoders: list[tuple[int, int]], chunks: list[tuple[int, int, int]],
+                window: float = math.inf) -> list[core.StepBatch]:
     """The forward passes llama.cpp runs for one step of a server whose slots have KV streams of their own
     (`EngineConfig.slot_streams`), each as a `core.StepBatch`: ``decoders`` (slot, tokens cached) decode one token
     each, ``chunks`` (slot, start, end) compute prompt tokens start … end-1. The batch holds the decode tokens in
@@ -207,7 +207,7 @@ def slot_passes(decoders: list[tuple[int, int]], chunks: list[tuple[int, int, in
     order += [(slot, end - start, start, False) for slot, start, end in sorted(chunks)]
     left = [n for _, n, _, _ in order]
     done = [0] * len(order)
-    windowed = math.isfinite(window)
+    causal = core.causal_pairs  # an infinite window counts every earlier key
     passes: list[core.StepBatch] = []
     first = 0
     while first < len(order):
@@ -237,7 +237,7 @@ def slot_passes(decoders: list[tuple[int, int]], chunks: list[tuple[int, int, in
                 pf_ctx += end
                 pf_pairs += causal(end) - causal(start)
                 pf_local += min(end, window)
-                pf_pairs_local += causal(end, window) - causal(start, window) if windowed else causal(end) - causal(start)
+                pf_pairs_local += causal(end, window) - causal(start, window)
             left[j] -= rounds
             done[j] += rounds
         passes.append(core.StepBatch(n_dec, dec_ctx, dec_local, pf_seqs, pf_tokens, pf_ctx, pf_local, pf_pairs,
@@ -797,7 +797,7 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                           pf_seqs, pf_tokens, pf_ctx, pf_local, pf_pairs, pf_pairs_local)
         if streams:
             passes = slot_passes([(slot_of[rid], ctx_now(rid, d)) for rid in decoding] if n_dec else [],
-                                 [(slot_of[rid], start, end) for rid, start, end in spans], window, causal)
+                                 [(slot_of[rid], start, end) for rid, start, end in spans], window)
             step_passes.append(len(passes))
             if len(passes) > 1:
                 batch = SplitStep(passes)
