@@ -782,6 +782,39 @@ def graph_overhead_from(path: Path, kernels_path: Path) -> dict[int, tuple[float
     return out
 
 
+# each measured build's fold-C attention run -> the profile that ships its attention_rates (SOURCES.md, "Fold C
+# amendment 9"; [llama-cpp-cpu-intel] inherits [llama-cpp-cpu-avx2]'s)
+ATTENTION_FILES = {"llama-cpp-cpu": Path(__file__).with_name("cpu_attention.csv"),
+                   "llama-cpp-cpu-avx2": Path(__file__).with_name("cpu_attention_portable.csv")}
+
+
+def attention_rates_from(path: Path) -> list[float]:
+    """Fold C's CPU attention rates (SOURCES.md, "Fold C amendment 9"): [decode, prefill] multiply-accumulates per
+    cycle per thread, to 3 significant digits.
+
+    At the most threads the run used, per model: the extra seconds of a decode token between its two depths (1/tok_s),
+    and of a prefill between its two (tokens/tok_s), over the extra (query, key) pairs' multiply-accumulates (pairs x
+    layers x query heads x (key + value width); a prefill of n tokens at depth d attends n x d more pairs than at 0),
+    per cycle per thread at the row's clock; the mean over the models (head widths)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    most = max(int(row["threads"]) for row in rows)
+    rates = []
+    for phase in ("decode", "prefill"):
+        per_model = []
+        for model in dict.fromkeys(row["model"] for row in rows):
+            mine = sorted((r for r in rows if r["model"] == model and r["phase"] == phase and int(r["threads"]) == most),
+                          key=lambda r: int(r["depth"]))
+            shallow, deep = mine[0], mine[-1]
+            tokens = int(deep["tokens"])
+            seconds = (1.0 if phase == "decode" else tokens) * (1.0 / float(deep["tok_s"]) - 1.0 / float(shallow["tok_s"]))
+            pairs = (int(deep["depth"]) - int(shallow["depth"])) * (1 if phase == "decode" else tokens)
+            macs = pairs * int(deep["layers"]) * int(deep["heads"]) * 2 * int(deep["head_dim"])
+            per_model.append(macs / seconds / (float(deep["clock_hz"]) * most))
+        rates.append(float(f"{sum(per_model) / len(per_model):.3g}"))
+    return rates
+
+
 def print_cpu_kernel_fit() -> int:
     """Check that the catalog ships fold C's CPU kernel rates, for each llama.cpp version measured; 1 when not."""
     status = 0
@@ -816,6 +849,13 @@ def print_cpu_kernel_fit() -> int:
                            for n, (node, step) in measured.items())
         print(f"  [{profile}] kernel_overhead_s, step_overhead_s {shipped} {'=' if same else '!='} fold C {path.name} at "
               f"{most} threads {fitted} ({listed}){'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
+        status |= 0 if same else 1
+    for profile, path in ATTENTION_FILES.items():
+        fitted = attention_rates_from(path)
+        shipped = (catalog_engine(profile).attention_rates or Sourced(value=None, fitted="C")).value
+        same = fitted == shipped
+        print(f"  [{profile}] attention_rates {shipped} {'=' if same else '!='} fold C {path.name} ({fitted}: "
+              f"decode, prefill){'' if same else '  <-- MISMATCH: update catalog/engines.toml'}")
         status |= 0 if same else 1
     for profile, path in THREAD_FILES.items():
         fitted = thread_scaling_from(path)

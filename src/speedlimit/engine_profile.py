@@ -164,6 +164,11 @@ class EngineProfile(BaseModel):
     # how the prefill kernel rate per thread holds up as threads are added, as [threads, fraction of the rate at the
     # first point's count] points (the kernel rates' own count first); None: every thread at the measured rate
     prefill_thread_scaling: Sourced | None = None
+    # its CPU flash-attention kernel's rate, multiply-accumulates (query heads x cached tokens x (key + value width))
+    # per cycle per thread: [decode (one query token), prefill (a 512-token chunk)], the KV reads included; where the
+    # kernel rates price the matmuls, attention is then a kernel of its own at this rate; None (or false, for a build
+    # whose parent profile has them): attention FLOPs ride the roofline with the matmuls
+    attention_rates: Sourced | None = None
 
     @field_validator("mode")
     @classmethod
@@ -261,6 +266,16 @@ class EngineProfile(BaseModel):
                 raise ValueError(f"{name}: must be [decode, prefill] MACs per cycle per thread, each in (0, 1024]")
         return field
 
+    @field_validator("attention_rates")
+    @classmethod
+    def _attention_rates(cls, field: Sourced | None) -> Sourced | None:
+        if field is not None and field.value is not False and not (
+                isinstance(field.value, list) and len(field.value) == 2 and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1024 for v in field.value)):
+            raise ValueError("must be [decode, prefill] MACs per cycle per thread, each in (0, 1024], or false (not "
+                             "measured for this build, where a parent profile has them)")
+        return field
+
     @field_validator("prefill_thread_scaling")
     @classmethod
     def _thread_scaling(cls, field: Sourced | None) -> Sourced | None:
@@ -289,6 +304,11 @@ class EngineProfile(BaseModel):
         rates = _value(self.kernel_rates) or {}
         pair = rates.get(tensor_type) if tensor_type else None
         return None if pair is None else (float(pair[0]), float(pair[1]))
+
+    def attention_rate(self) -> tuple[float, float] | None:
+        """(decode, prefill) MACs per cycle per thread of its CPU attention kernel; None: not measured."""
+        rates = _value(self.attention_rates)
+        return None if not rates else (float(rates[0]), float(rates[1]))
 
     @property
     def experts_as_matvecs(self) -> bool:

@@ -409,6 +409,42 @@ def test_each_graph_overhead_file_ships_as_its_profile(score) -> None:
         assert all(0 < node < 1e-5 and 0 <= step < 1e-3 for node, step in measured.values())
 
 
+def test_the_attention_fit_differences_the_depths_at_all_threads_and_averages_the_head_widths(score, tmp_path) -> None:
+    """Per model at the most threads: the extra seconds between the two depths over the extra pairs' MACs (pairs x
+    layers x heads x 2 x head width), per cycle per thread; the mean of the models (SOURCES.md, "Fold C amendment
+    9"). The 1-thread rows are on record and in no price."""
+    path = tmp_path / "a.csv"
+    # 64 wide: decode 3,072 more cached tokens x 4 x 16 x 128 = 25.17 M MACs in 10 ms more at 1 GHz x 2 threads:
+    # 1.258 per cycle; 128 wide: 50.33 M MACs in 25.17 ms: 1.0; prefill 512 x 2,048 more pairs: 8.59 G MACs (64 wide)
+    # in 0.8592 s more: 5.0, and 17.18 G (128 wide) in 1.432 s more: 6.0
+    path.write_text(
+        "model,phase,head_dim,heads,kv_heads,layers,depth,tokens,threads,tok_s,clock_hz\n"
+        "a64,decode,64,16,4,4,1024,32,2,100,1e9\n"
+        "a64,decode,64,16,4,4,4096,32,2,50,1e9\n"
+        "a64,decode,64,16,4,4,1024,32,1,1,1e9\n"
+        "a64,decode,64,16,4,4,4096,32,1,0.1,1e9\n"
+        "a64,prefill,64,16,4,4,0,512,2,1000,1e9\n"
+        "a64,prefill,64,16,4,4,2048,512,2,377.3584906,1e9\n"
+        "a128,decode,128,16,4,4,1024,32,2,100,1e9\n"
+        "a128,decode,128,16,4,4,4096,32,2,28.43602,1e9\n"
+        "a128,prefill,128,16,4,4,0,512,2,1000,1e9\n"
+        "a128,prefill,128,16,4,4,2048,512,2,263.5 ,1e9\n".replace(" ,", ","))
+    decode_64, decode_128 = 3072 * 4 * 16 * 128 / 0.01 / 2e9, 3072 * 4 * 16 * 256 / (1 / 28.43602 - 0.01) / 2e9
+    prefill_64 = 512 * 2048 * 4 * 16 * 128 / (512 / 377.3584906 - 0.512) / 2e9
+    prefill_128 = 512 * 2048 * 4 * 16 * 256 / (512 / 263.5 - 0.512) / 2e9
+    assert score.attention_rates_from(path) == [float(f"{(decode_64 + decode_128) / 2:.3g}"),
+                                                float(f"{(prefill_64 + prefill_128) / 2:.3g}")]
+    assert score.attention_rates_from(path)[0] == pytest.approx(1.13, abs=0.01)
+
+
+def test_each_attention_file_ships_as_its_profile_and_build_3441_has_none(score) -> None:
+    for profile, path in score.ATTENTION_FILES.items():
+        engine = score.catalog_engine(profile)
+        assert list(engine.attention_rate()) == score.attention_rates_from(path) and engine.attention_rates.fitted == "C"
+    assert score.catalog_engine("llama-cpp-cpu-intel").attention_rate() == score.catalog_engine("llama-cpp-cpu-avx2").attention_rate()
+    assert score.catalog_engine("llama-cpp-cpu-b3441").attention_rate() is None  # measured without flash attention
+
+
 def test_the_kernel_fit_differences_the_in_cache_runs_and_takes_all_threads_for_prefill(score, tmp_path) -> None:
     path = tmp_path / "k.csv"
     path.write_text(

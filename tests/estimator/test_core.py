@@ -154,9 +154,11 @@ def test_late_llama_cpp_cpu_experts_run_at_the_matvec_rate():
     expert = 512 * cost.expert_matmul_flops_per_token
     rest = core.step_flops(cost, step) - expert
     attention = core.step_attention_flops(cost, step)
+    # (its attention is a kernel of its own, timed apart: fold C amendment 9)
+    assert core.attention_apart(machine)
     assert core.priced_flops(cost, machine, step) == pytest.approx(
-        (rest - attention) / machine.gemm_factor_large + attention / machine.attention_factor
-        + expert / machine.gemm_factor_small, rel=1e-12)
+        (rest - attention) / machine.gemm_factor_large + expert / machine.gemm_factor_small, rel=1e-12)
+    assert core.attention_kernel_seconds(cost, machine, step) == pytest.approx(attention / machine.attention_prefill_flops)
     # the estimate says so (its caption names the experts' rate), and a dense model or build 3441 does not
     from speedlimit.cli.estimate import _caption
     from speedlimit.estimator import estimate
@@ -194,8 +196,8 @@ def test_a_moe_file_with_two_tensor_types_prices_each_at_its_own_kernels():
     expert = 512 * cost.expert_matmul_flops_per_token
     attention = core.step_attention_flops(cost, step)
     dense = core.step_flops(cost, step) - expert - attention
-    assert core.priced_flops(cost, machine, step) == pytest.approx(
-        dense / machine.gemm_factor_large + attention / machine.attention_factor + expert / machine.moe_factor, rel=1e-12)
+    assert core.priced_flops(cost, machine, step) == pytest.approx(  # attention timed apart (fold C amendment 9)
+        dense / machine.gemm_factor_large + expert / machine.moe_factor, rel=1e-12)
     said = estimate("gpt-oss-20b", "amd-ryzen-9-7950x", weights="mxfp4_moe", engine="llama.cpp", prompt=512)
     assert (said.cpu_kernels, said.cpu_expert_kernels, said.experts_as_matvecs) == ("q8_0", "mxfp4", True)
     from speedlimit.cli.estimate import _caption
@@ -256,3 +258,46 @@ def test_mean_step_is_exact_when_stream_and_arithmetic_add(batch):
     contexts = np.linspace(100, 9000, 200_001)
     brute = float(np.mean(core.decode_step_seconds(cost, machine, batch, contexts)))
     assert float(core.mean_decode_step_seconds(cost, machine, batch, 100, 9000)) == pytest.approx(brute, rel=1e-6)
+
+
+def test_an_attention_kernel_of_its_own_leaves_the_roofline_and_adds_its_time():
+    """llama.cpp's CPU flash attention timed apart (fold C amendment 9): the step's attention FLOPs and KV bytes leave
+    the roofline, and its decode and prefill FLOPs at their own rates are added; NaN keeps the roofline as it was."""
+    cost, machine = _setup("gemma-2-9b")  # sliding-window layers too
+    rates = machine._replace(attention_decode_flops=2e12, attention_prefill_flops=5e12)
+    step = core.decode_batch(cost, 4.0, 6000.0)._replace(prefill_sequences=1.0, prefill_tokens=512.0,
+                                                         prefill_context=2560.0, prefill_context_local=2560.0,
+                                                         prefill_pairs=512 * 2048 + 512 * 513 / 2,
+                                                         prefill_pairs_local=512 * 2048 + 512 * 513 / 2)
+    decode = cost.attn_flops_per_ctx_global * step.decode_context + cost.attn_flops_per_ctx_local * step.decode_context_local
+    prefill = cost.attn_flops_per_ctx_global * step.prefill_pairs + cost.attn_flops_per_ctx_local * step.prefill_pairs_local
+    assert not core.attention_apart(machine) and core.attention_apart(rates)
+    assert core.attention_kernel_seconds(cost, machine, step) == 0.0
+    assert core.attention_kernel_seconds(cost, rates, step) == pytest.approx(decode / 2e12 + prefill / 5e12)
+    bytes_read = core.step_bytes(cost, step) - core.step_kv_bytes(cost, step)
+    flops = core.priced_flops(cost, machine, step) - core.step_attention_flops(cost, step) / machine.attention_factor
+    expected = core.step_time(bytes_read, flops, machine, 0.0, step.sequences, step.tokens) + decode / 2e12 + prefill / 5e12
+    assert float(core.step_seconds(cost, rates, step)) == pytest.approx(expected, rel=1e-12)
+    # a sweep grid: one machine with the kernel, one without, each as its scalar
+    grid = machine._replace(attention_decode_flops=np.array([2e12, math.nan]), attention_prefill_flops=np.array([5e12, math.nan]))
+    assert core.step_seconds(cost, grid, step) == pytest.approx(
+        [float(core.step_seconds(cost, rates, step)), float(core.step_seconds(cost, machine, step))], rel=1e-12)
+    # the mean over a growing context stays exact (the kernel's time is linear in the context)
+    contexts = np.linspace(100, 9000, 200_001)
+    brute = float(np.mean(core.decode_step_seconds(cost, rates, 8, contexts)))
+    assert float(core.mean_decode_step_seconds(cost, rates, 8, 100, 9000)) == pytest.approx(brute, rel=1e-6)
+
+
+def test_a_cpu_with_a_measured_attention_kernel_prices_the_cache_it_attends():
+    """On a catalog CPU priced with the late build's kernel rates, a longer context costs its attention at the
+    kernel's measured rate (more than its KV bytes would), the estimate says so, and a GPU or build 3441 does not."""
+    from speedlimit.cli.estimate import _caption
+    from speedlimit.estimator import estimate
+
+    short, long = (estimate("llama-3.1-8b", "amd-epyc-9654", weights="q4_k_m", prompt=p, output=2) for p in (128, 4096))
+    assert 0 < short.attention_kernel_s < long.attention_kernel_s
+    assert long.itl_s - short.itl_s == pytest.approx(long.attention_kernel_s - short.attention_kernel_s, rel=0.05)
+    assert "attention at its measured kernel rate" in _caption(long) and "attention: " in long.efficiency_basis
+    assert estimate("llama-3.1-8b", "h100-sxm", prompt=4096).attention_kernel_s == 0.0
+    old = estimate("llama-3.1-8b", "amd-ryzen-9-7950x", weights="q4_0", prompt=4096, engine="llama-cpp-cpu-b3441")
+    assert old.attention_kernel_s == 0.0 and "attention at" not in _caption(old)

@@ -226,6 +226,16 @@ def test_dp_attention_chunk_divisor_is_checked(bad) -> None:
         EngineProfile.model_validate(base)
 
 
+@pytest.mark.parametrize("bad", [[1.0], [0.0, 5.0], [1.0, 2000.0], [True, 1.0], "fast", True, {"decode": 1.0}])
+def test_attention_rates_are_checked(bad) -> None:
+    base = dict(catalog_engine("llama-cpp-cpu").model_dump())
+    base["attention_rates"] = {"value": bad, "fitted": "C"}
+    with pytest.raises(ValueError, match=r"\[decode, prefill\] MACs per cycle per thread"):
+        EngineProfile.model_validate(base)
+    base["attention_rates"] = {"value": False, "source": "not measured for this build"}
+    assert EngineProfile.model_validate(base).attention_rate() is None
+
+
 def test_sglang_divides_its_budget_among_data_parallel_attention_ranks() -> None:
     """SGLang with --enable-dp-attention (replicas sharing their experts): 0.5.6 divides chunked_prefill_size by the
     data-parallel size, 0.4.x halves it; independent replicas and an explicit budget are not divided."""

@@ -129,7 +129,8 @@ def render_verify(console: Console, result: VerifyResult) -> None:
     if engine.kernel_profile:
         console.print(f"[dim]predicted = estimator on the measured bandwidth with default CPU efficiencies (bw "
                       f"{eff.bw_efficiency:g}, overhead {eff.step_overhead_s * 1e3:.3g} ms) and llama.cpp's kernel rates "
-                      f"for this build at the measured clock (profile {escape(engine.kernel_profile)}: "
+                      f"for this build at the measured clock, its matmuls' and, where fold C timed it, its attention "
+                      f"kernel's (profile {escape(engine.kernel_profile)}: "
                       f"{escape(engine.kernel_profile_basis)}); limit = 100% of measured bandwidth and BLAS FLOP/s, "
                       f"no overhead[/dim]")
     else:

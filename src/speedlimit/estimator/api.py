@@ -98,6 +98,9 @@ class Estimate(Artifact):
     stream_compute_overlap: float = 1.0
     # of ttft_s: the pass that converts quantized weights to fp16 before the prefill's GEMMs (llama.cpp CUDA of early 2024)
     ttft_dequantize_s: float = 0.0
+    # of the mid-reply decode step: its attention as a kernel of its own (llama.cpp's CPU flash attention at its
+    # measured rate, engines.toml attention_rates); 0 where attention rides the roofline with the matmuls
+    attention_kernel_s: float = 0.0
     # the fraction of the peak bandwidth the engine's fused-MoE kernel reads the routed experts at, in steps whose MoE
     # layers see at least moe_bandwidth_tokens tokens (None: the experts' bytes at bw_efficiency like the others)
     moe_bandwidth_efficiency: float | None = None
@@ -468,6 +471,10 @@ def resolve(scenario: Scenario) -> StepModel:
                      gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=rate.prefill_factor)
         if arch.n_experts and engine.experts_as_matvecs:
             terms["moe_factor"] = rate.expert_factor  # each routed row a matrix-vector product
+        attention = cpu_attention_flops(engine, rate, reach, device)
+        if attention is not None:  # the build's flash-attention kernel, timed apart (fold C)
+            terms.update(attention_decode_flops=attention[0], attention_prefill_flops=attention[1])
+            efficiency = efficiency.model_copy(update={"basis": f"{efficiency.basis}; {attention[2]}"})
     if "attention_factor" in terms:
         # the profiles' attention efficiencies are FlashAttention's bf16/fp16 rates: attention runs on the bf16 peak
         # whatever the weights compute in (an fp8 model's GEMMs get twice that peak, its attention does not)
@@ -569,6 +576,22 @@ def cpu_kernel_rate(engine: EngineProfile, device: Hardware, types: tuple[str, s
              f"{clock / 1e9:.2f} GHz with {busy:g} core{'s' if busy != 1 else ''} busy")
     return KernelRate(tensor_type, 2.0 * fastest * clock * topology.cores, decode / fastest, prefill / fastest, clock, basis,
                       scaling, expert_decode / fastest, expert_type)
+
+
+def cpu_attention_flops(engine: EngineProfile, rate: KernelRate, reach: BandwidthReach,
+                        device: Hardware) -> tuple[float, float, str] | None:
+    """(decode, prefill) FLOP/s of ``engine``'s CPU attention kernel on ``device`` with ``reach``'s cores busy at the
+    matmul kernels' clock, and the basis in words; None where the profile measured none (then attention rides the
+    roofline). A rate is multiply-accumulates per cycle per thread (`EngineProfile.attention_rates`)."""
+    measured = engine.attention_rate()
+    if measured is None or device.topology is None:
+        return None
+    busy = reach.core_fraction * device.topology.cores
+    decode, prefill = (2.0 * r * busy * rate.clock_hz for r in measured)
+    basis = (f"attention: {engine.name}'s flash-attention kernel, {measured[0]:.3g} (decode) / {measured[1]:.3g} "
+             f"(prefill) MACs per cycle per thread (catalog/engines.toml attention_rates, {engine.attention_rates.basis}), "
+             "a kernel of its own")
+    return decode, prefill, basis
 
 
 def compute_rate(arch: Architecture, device: Hardware, weights: Precision | WeightFormats | None,
@@ -828,6 +851,7 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
                             and resolved.kernel_rate.expert_type != resolved.kernel_rate.tensor_type else None),
         sequence_overhead_s=float(machine.sequence_overhead_s),
         stream_compute_overlap=float(machine.stream_compute_overlap),
+        attention_kernel_s=float(core.attention_kernel_seconds(cost, machine, micro)),
         ttft_dequantize_s=0.0 if ideal or ttft is None else float(core.dequantize_seconds(
             machine, core.micro_step(machine, core.prefill_batch(cost, float(batch), float(prompt)))[0].tokens)),
         moe_bandwidth_efficiency=(efficiency.bw_efficiency / float(machine.moe_bytes_factor)

@@ -9,6 +9,8 @@ number of sequences:
              (+ the smaller of the two where a calibrated profile found they do not overlap: `stream_compute_seconds`)
              + per-step overhead + per-sequence overhead · sequences + tensor-parallel all-reduces
              + a weight conversion where the engine runs one before its GEMMs (`dequantize_seconds`)
+             + on a CPU whose llama.cpp build's attention kernel was timed (fold C), that kernel, apart from the
+               roofline: its FLOPs and KV reads leave the two terms above (`attention_kernel_seconds`)
 
 flops_priced = matmul FLOPs / gemm_factor(tokens in the step) + attention FLOPs / attention_factor: the serving
 engine's GEMMs reach a token-dependent fraction of the large-GEMM rate (`Machine.gemm_*`, two anchors, linear in
@@ -149,6 +151,12 @@ class Machine(NamedTuple):
     # add (a CPU whose cores do the streaming and the multiply-accumulates in turn, as measured on the project's VMs:
     # benchmarks/README.md). Only a calibrated profile sets it, from the user's own measurements (`verify.fit`).
     stream_compute_overlap: float | np.ndarray = 1.0
+    # a CPU attention kernel of its own (llama.cpp's flash attention on the CPU backend): FLOP/s it reaches on decode
+    # tokens' and on prefill chunks' attention, the KV reads included (fold C). Finite: attention leaves the roofline
+    # (its FLOPs and its KV-cache bytes) and its time is added to the step (`attention_kernel_seconds`); NaN: attention
+    # rides the roofline with the matmuls at `attention_factor`
+    attention_decode_flops: float | np.ndarray = math.nan
+    attention_prefill_flops: float | np.ndarray = math.nan
 
 
 class StepBatch(NamedTuple):
@@ -324,16 +332,47 @@ def prefill_batch(cost: CostModel, batch, tokens, cached=0.0) -> StepBatch:
 def step_bytes(cost: CostModel, step: StepBatch, moe_group=1.0, moe_busy=None):
     """Bytes one step streams from memory: weights once, KV caches, activations (``moe_group``, ``moe_busy``:
     `weights_read_bytes`)."""
-    kv = (cost.kv_bytes_per_token_global * (step.decode_context + step.prefill_context)
-          + cost.kv_bytes_per_token_local * (step.decode_context_local + step.prefill_context_local))
     tokens = step.decode_sequences + step.prefill_tokens
-    return weights_read_bytes(cost, tokens, moe_group, moe_busy) + kv + tokens * cost.activation_bytes_per_token
+    return (weights_read_bytes(cost, tokens, moe_group, moe_busy) + step_kv_bytes(cost, step)
+            + tokens * cost.activation_bytes_per_token)
+
+
+def attention_apart(machine: Machine):
+    """Whether the step's attention is a kernel of its own (`Machine.attention_decode_flops` finite): a bool, or an
+    array of them."""
+    rate = machine.attention_decode_flops
+    return math.isfinite(rate) if _scalar(rate) else np.isfinite(rate)
+
+
+def step_kv_bytes(cost: CostModel, step: StepBatch):
+    """The KV-cache bytes a step reads and writes (part of `step_bytes`)."""
+    return (cost.kv_bytes_per_token_global * (step.decode_context + step.prefill_context)
+            + cost.kv_bytes_per_token_local * (step.decode_context_local + step.prefill_context_local))
+
+
+def attention_kernel_seconds(cost: CostModel, machine: Machine, step: StepBatch):
+    """The time of a step's attention where it is a kernel of its own (`attention_apart`), else 0: decode tokens'
+    attention FLOPs at `Machine.attention_decode_flops`, prefill chunks' at `attention_prefill_flops`, over tp."""
+    apart = attention_apart(machine)
+    if _scalar(apart) and not apart:
+        return 0.0
+    decode = cost.attn_flops_per_ctx_global * step.decode_context + cost.attn_flops_per_ctx_local * step.decode_context_local
+    prefill = cost.attn_flops_per_ctx_global * step.prefill_pairs + cost.attn_flops_per_ctx_local * step.prefill_pairs_local
+    if _scalar(apart):
+        return (decode / machine.attention_decode_flops + prefill / machine.attention_prefill_flops) / machine.tp
+    with np.errstate(divide="ignore", invalid="ignore"):
+        seconds = (decode / machine.attention_decode_flops + prefill / machine.attention_prefill_flops) / machine.tp
+    return np.where(apart, seconds, 0.0)
 
 
 def priced_bytes(cost: CostModel, machine: Machine, step: StepBatch, moe_group=1.0, moe_busy=None):
     """A step's bytes weighted by the engine's kernel rates: what `Machine.bandwidth_Bps` must stream in the step's
-    time (`step_bytes`, with the routed experts' bytes at `Machine.moe_bytes_factor` times their count)."""
+    time (`step_bytes`, with the routed experts' bytes at `Machine.moe_bytes_factor` times their count; without the
+    KV cache's where attention is a kernel of its own, whose measured rate includes its reads)."""
     bytes_read = step_bytes(cost, step, moe_group, moe_busy)
+    apart = attention_apart(machine)
+    if not (_scalar(apart) and not apart):
+        bytes_read = bytes_read - _where(apart, step_kv_bytes(cost, step), 0.0)
     factor = machine.moe_bytes_factor
     if _scalar(factor) and factor == 1.0:
         return bytes_read
@@ -388,7 +427,11 @@ def priced_flops(cost: CostModel, machine: Machine, step: StepBatch, expert_shar
     (under expert parallelism they compute their share of every busy replica's tokens: busy / dp)."""
     tokens = step.decode_sequences + step.prefill_tokens
     gemm = gemm_factor(machine, tokens)
-    priced = step_matmul_flops(cost, step) / gemm + step_attention_flops(cost, step) / machine.attention_factor
+    attention = step_attention_flops(cost, step) / machine.attention_factor
+    apart = attention_apart(machine)
+    if not (_scalar(apart) and not apart):  # priced by `attention_kernel_seconds` instead
+        attention = _where(apart, 0.0, attention)
+    priced = step_matmul_flops(cost, step) / gemm + attention
     moe = machine.moe_factor
     expert = tokens * cost.expert_matmul_flops_per_token  # each token multiplies its k experts once
     if _scalar(expert) and expert == 0.0:
@@ -580,13 +623,13 @@ def stream_compute_seconds(memory_s, compute_s, overlap=1.0):
     return np.maximum(memory_s, compute_s) + (1.0 - np.asarray(overlap)) * np.minimum(memory_s, compute_s)
 
 
-def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0, tokens=0.0):
+def step_time(bytes_read, flops, machine: Machine, comm_s=0.0, sequences=0.0, tokens=0.0, kernel_s=0.0):
     """Wall time of a step of ``tokens`` tokens that reads ``bytes_read`` and computes ``flops`` (whole step, all tp
-    devices)."""
+    devices), plus ``kernel_s`` of kernels priced apart from the roofline (`attention_kernel_seconds`)."""
     memory_s, compute_s = roofline_seconds(bytes_read, flops, machine)
     roof_s = stream_compute_seconds(memory_s, compute_s, machine.stream_compute_overlap)
     return (roof_s + machine.step_overhead_s + machine.sequence_overhead_s * sequences + comm_s
-            + dequantize_seconds(machine, tokens))
+            + dequantize_seconds(machine, tokens) + kernel_s)
 
 
 def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
@@ -597,7 +640,8 @@ def step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
         # simulator calls this once per step; tests check it equals the general path)
         tokens = step.decode_sequences + step.prefill_tokens
         return step_time(priced_bytes(cost, machine, step), priced_flops(cost, machine, step), machine,
-                         allreduce_seconds(cost, machine, tokens), step.decode_sequences + step.prefill_sequences, tokens)
+                         allreduce_seconds(cost, machine, tokens), step.decode_sequences + step.prefill_sequences, tokens,
+                         attention_kernel_seconds(cost, machine, step))
     micro_s, send_s, count = micro_step_seconds(cost, machine, step)
     return pipeline_cycle_seconds(cost, machine, micro_s, send_s, count)
 
@@ -634,7 +678,8 @@ def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
         bytes_read = step_bytes(cost, step) - own_expert_bytes + factor * group_expert_bytes
         flops = priced_flops(cost, machine, step) - own_expert_flops + group_expert_flops
         comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
-        slowest = max(slowest, step_time(bytes_read, flops, machine, comm_s, step.sequences, tokens))
+        slowest = max(slowest, step_time(bytes_read, flops, machine, comm_s, step.sequences, tokens,
+                                         attention_kernel_seconds(cost, machine, step)))
     return slowest
 
 
@@ -644,7 +689,8 @@ def micro_step_seconds(cost: CostModel, machine: Machine, step: StepBatch):
     tokens = micro.decode_sequences + micro.prefill_tokens
     comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
     bytes_read, flops = _replica_work(cost, machine, micro, step.sequences)
-    micro_s = step_time(bytes_read, flops, machine, comm_s, micro.decode_sequences + micro.prefill_sequences, tokens)
+    micro_s = step_time(bytes_read, flops, machine, comm_s, micro.decode_sequences + micro.prefill_sequences, tokens,
+                        attention_kernel_seconds(cost, machine, micro))
     return micro_s, pipeline_send_seconds(cost, machine, tokens), count
 
 
@@ -764,7 +810,8 @@ def critical_batch(cost: CostModel, machine: Machine, context, max_batch: float 
 
     shape = np.broadcast(*(np.asarray(v) for v in (*cost, *machine, context))).shape
     memory_per_sequence, compute_per_sequence = roofline_seconds(
-        kv_bytes_per_sequence(cost, context) + cost.activation_bytes_per_token + cost.embedding_row_bytes,
+        _where(attention_apart(machine), 0.0, kv_bytes_per_sequence(cost, context)) + cost.activation_bytes_per_token
+        + cost.embedding_row_bytes,
         priced_flops(cost, machine, decode_batch(cost, 1.0, context)),
         machine,
     )

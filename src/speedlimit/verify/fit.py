@@ -347,6 +347,9 @@ class PredictedStep(BaseModel):
     flops_per_token: float = Field(ge=0)
     tp_comm_s: float = Field(default=0.0, ge=0)
     kernels_per_step: float = Field(default=0.0, ge=0)
+    # the estimate's own decode step (ITL): the prior calibrate scores, as it priced it (a CPU's attention kernel
+    # included, which the fitted step model leaves to the fitted values)
+    itl_s: float | None = Field(default=None, gt=0)
 
 
 def points_from_bench(summary: RunSummary | SweepSummary,
@@ -376,7 +379,7 @@ def points_from_bench(summary: RunSummary | SweepSummary,
         points.append(CalibrationPoint(
             "decode", predicted.bytes_per_token * predicted.batch, predicted.flops_per_token * predicted.batch,
             float(tpot), f"bench decode, batch {predicted.batch}", source, tp=predicted.tp,
-            comm_s=predicted.tp_comm_s, kernels=predicted.kernels_per_step))
+            comm_s=predicted.tp_comm_s, kernels=predicted.kernels_per_step, prior_s=_seconds(predicted.itl_s)))
     if replicated:
         notes.append(f"{source}: {replicated} run(s) replayed on data-parallel replicas (dp > 1) left out: calibrate "
                      "fits one device group's decode step")
