@@ -383,6 +383,21 @@ def test_calibrate_any_batched_series(isolated: Path, steps: list[float], predic
 
 
 @FUZZ
+@given(key=st.sampled_from(["attention_flops", "kv_bytes", "attention_flops_per_s"]),
+       value=st.one_of(JSON_VALUES, st.sampled_from([1e-320, 1e308, -1.0, 0.0, 1e12])),
+       rows=st.sampled_from(["decode", "prefill", "both"]))
+def test_calibrate_any_attention_kernel_fields(isolated: Path, key: str, value: object, rows: str) -> None:
+    """A verify result whose rows carry hostile attention-kernel fields (fold C amendment 9: the attention's FLOPs, the
+    KV bytes and the kernel's rate calibrate takes apart): a fit and a profile, or one error line."""
+    result = verify_result()
+    for name in (["decode", "prefill"] if rows == "both" else [rows]):
+        for row in result[name]:
+            row.update({"attention_flops": 1e7, "kv_bytes": 3e6, "attention_flops_per_s": 5e9, key: value})
+    path = write_config(isolated / "results.json", result)
+    check(invoke("calibrate", str(path), "--json", "--force"))
+
+
+@FUZZ
 @given(key=st.sampled_from([*LAYOUT, "source", "notes"]), value=JSON_VALUES,
        nodes=st.integers(-1, 70), sockets=st.integers(-1, 70))
 def test_calibrate_any_layout(isolated: Path, key: str, value: object, nodes: int, sockets: int) -> None:
@@ -396,9 +411,10 @@ def test_calibrate_any_layout(isolated: Path, key: str, value: object, nodes: in
 @given(record=st.dictionaries(st.sampled_from(["memory_bandwidth_Bps", "bw_efficiency", "flops_efficiency", "step_overhead_s",
                                                "kernel_overhead_s", "name", "kind", "flops", "calibrated_at",
                                                "calibrated_from", "memory_bytes", "sequence_overhead_s",
-                                               "stream_compute_overlap"]),
+                                               "stream_compute_overlap", "attention_flops_per_core", "cores_per_socket"]),
                               st.one_of(st.floats(allow_nan=True), st.integers(-(2**63), 2**63 - 1), TEXT,
-                                        st.lists(st.integers(), max_size=2)), max_size=4))
+                                        st.lists(st.integers(), max_size=2),
+                                        st.lists(st.floats(allow_nan=True), max_size=3)), max_size=4))
 def test_estimate_on_any_profile(isolated: Path, record: dict) -> None:
     from speedlimit.catalog.profiles import _toml_value
 

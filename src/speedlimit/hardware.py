@@ -115,6 +115,9 @@ class Hardware(BaseModel):
     sequence_overhead_s: float | None = Field(None, ge=0, le=0.1)  # per running sequence per step (calibrate from bench)
     # how far the step's stream and arithmetic overlap (1: the roofline's max; 0: they add), where calibrate found out
     stream_compute_overlap: float | None = Field(None, ge=0, le=1.0)
+    # [decode, prefill] FLOP/s per busy core of llama.cpp's CPU attention kernel, where the verify run calibrate fitted
+    # priced it apart at fold C's rates (its steps then pay the kernel as the fit did: `core.attention_kernel_seconds`)
+    attention_flops_per_core: tuple[float, float] | None = None
     calibrated_at: str | None = None
     calibrated_from: list[str] = Field(default_factory=list)
     # CPUs only (None elsewhere): the memory layout one process's threads see. memory_bandwidth_Bps is the whole
@@ -172,6 +175,14 @@ class Hardware(BaseModel):
         if self.cores_per_socket is not None and self.cores_per_socket % nodes:
             raise ValueError(f"{self.cores_per_socket} cores per socket do not split into {nodes} NUMA nodes")
         return self
+
+    @field_validator("attention_flops_per_core")
+    @classmethod
+    def _attention_rates(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None:
+            for rate in value:
+                check_flops(rate)
+        return value
 
     @field_validator("memory_bandwidth_Bps")
     @classmethod

@@ -397,3 +397,77 @@ def test_a_batched_step_too_small_to_weigh_is_one_error() -> None:
     points[-2] = dataclasses.replace(points[-2], measured_s=1e-320)
     with pytest.raises(SpeedlimitError, match="too small or too large to weigh"):
         fit_calibration(points, BANDWIDTH, FLOPS, DEFAULTS)
+
+
+# --- verify rows that priced llama.cpp's CPU attention kernel apart (fold C amendment 9) ----------------------------
+
+ATTENTION_FLOPS_PER_S = (5e9, 4e10)  # the kernel's decode / prefill FLOP/s at the run's 2 threads
+ATTENTION_FLOPS_PER_CONTEXT = 2 * 270 * 128  # FLOPs per decoded token per cached token (SmolLM2-135M's shape)
+
+
+def _attention_verify_file(tmp_path: Path, truth: Efficiency, per_sequence: float) -> Path:
+    """A verify result whose every row carries its attention FLOPs, KV bytes and the kernel's rate, timed as a machine
+    whose steps are the roofline over the rest plus the kernel's time."""
+    def timed(kind: str, bytes_: float, flops: float, attention: float, kv: float, sequences: float = 1.0) -> dict:
+        rate = ATTENTION_FLOPS_PER_S[kind == "prefill"]
+        point = CalibrationPoint(kind, bytes_ - kv, flops - attention, 0.0, "", "synthetic", sequences=sequences,
+                                 attention_s=attention / rate)
+        return {"seconds": predicted_step_seconds(point, BANDWIDTH, FLOPS, truth, per_sequence), "attention_flops": attention,
+                "kv_bytes": kv, "attention_flops_per_s": rate}
+
+    decode, batched = [], []
+    for context in (128, 512, 1024, 2048, 4096):
+        attention, kv = ATTENTION_FLOPS_PER_CONTEXT * context, 23e3 * context
+        row = timed("decode", 100e6 + kv, 0.02e9 + attention, attention, kv)
+        decode.append({"kind": "context", "threads": 2, "context_start": context, "tok_s": 1 / row.pop("seconds"),
+                       "bytes_per_token": 100e6 + kv, "flops_per_token": 0.02e9 + attention, **row})
+    for n in (1, 2, 4, 8):
+        attention, kv = ATTENTION_FLOPS_PER_CONTEXT * 128 * n, 23e3 * 128 * n
+        row = timed("decode", 100e6 + kv, 0.28e9 * n + attention, attention, kv, float(n))
+        batched.append({"threads": 2, "sequences": n, "context": 128, "step_s": row.pop("seconds"),
+                        "step_bytes": 100e6 + kv, "step_flops": 0.28e9 * n + attention, **row})
+    attention, kv = 2 * 270 * 128 * (128 * 129 / 2), 23e3 * 128
+    row = timed("prefill", 100e6 + kv, 0.28e9 * 128 + attention, attention, kv)
+    prefill = [{"threads": 2, "prompt_tokens": 128, "median_s": row.pop("seconds"), "step_bytes": 100e6 + kv,
+                "step_flops": 0.28e9 * 128 + attention, **row}]
+    result = {"schema": "speedlimit.verify/1", "complete": True, "threads": 2,
+              "machine": {"cpu": "Test CPU", "cores": 2, "memory_bytes": 24e9},
+              "measured_bandwidth_Bps": BANDWIDTH, "measured_flops": FLOPS,
+              "decode": decode, "prefill": prefill, "batched_decode": batched}
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(result))
+    return path
+
+
+def test_an_attention_kernel_priced_apart_is_fitted_around_and_kept_by_the_profile(cli, tmp_path: Path,
+                                                                                    isolated_config: Path) -> None:
+    """calibrate takes the kernel's FLOPs and KV bytes out of each point's fitted work and adds its known time, so the
+    rest of the truth comes back exactly (the bandwidth efficiency stays the prior's: with the KV cache out, every
+    decode step streams the same bytes); the profile keeps the kernel's rate per busy core and estimate charges it."""
+    truth = Efficiency(bw_efficiency=DEFAULTS.bw_efficiency, flops_efficiency=0.35, step_overhead_s=0.003)
+    path = _attention_verify_file(tmp_path, truth, 0.002)
+    points, measured, _, _ = load_calibration_inputs([path])
+    assert measured is not None and measured.attention_flops_per_core == (2.5e9, 2e10)
+    deep = next(p for p in points if p.label == "decode @ ctx 4096")
+    assert deep.step_bytes == pytest.approx(100e6) and deep.attention_s == pytest.approx(
+        ATTENTION_FLOPS_PER_CONTEXT * 4096 / 5e9)
+    fit = fit_calibration(points, BANDWIDTH, FLOPS, DEFAULTS)
+    assert (fit.flops_efficiency, fit.step_overhead_s, fit.sequence_overhead_s) == (
+        pytest.approx(0.35, rel=1e-6), pytest.approx(0.003, rel=1e-6), pytest.approx(0.002, rel=1e-6))
+    assert fit.error_after["all"] == pytest.approx(0.0, abs=1e-9)
+    done = cli(["calibrate", str(path), "--name", "attnbox", "--json"])
+    assert done.returncode == 0, done.stderr
+    hardware = load_profile_hardware("attnbox")
+    assert hardware is not None and hardware.attention_flops_per_core == (2.5e9, 2e10)
+    short, long = (json.loads(cli(["estimate", "--model", "smollm2-135m", "--hardware", "attnbox", "--prompt", str(p),
+                                   "--output", "2", "--json"]).stdout) for p in (127, 4095))
+    # the profile's machine has 2 cores, both busy: 5 GFLOP/s for a decode token's attention, as verify priced it
+    assert long["attention_kernel_s"] > short["attention_kernel_s"] > 0
+    assert "attention: llama.cpp's CPU attention kernel as calibrated" in long["efficiency_basis"]
+    text = cli(["estimate", "--model", "smollm2-135m", "--hardware", "attnbox", "--prompt", "4095"])
+    assert text.returncode == 0 and "attention at its measured kernel rate" in " ".join(text.stdout.split())
+    assert long["itl_s"] - short["itl_s"] == pytest.approx(long["attention_kernel_s"] - short["attention_kernel_s"], rel=1e-6)
+    # the same run fitted for another machine's profile (--hardware) puts attention back in the roofline
+    other = cli(["calibrate", str(path), "--name", "attnother", "--hardware", "amd-ryzen-9-7950x", "--json", "--force"])
+    assert other.returncode == 0, other.stderr
+    assert load_profile_hardware("attnother").attention_flops_per_core is None

@@ -339,7 +339,8 @@ def calibrate_command(
     # prices, so that the profile's bw_efficiency applies to it (a verify run's machine has as many cores as it ran)
     reach = bandwidth_reach(base)
     if base is not measured:  # verify priced its own "predicted" column for the machine it measured, not for this one
-        points = [dataclasses.replace(point, prior_s=None) for point in points]
+        # (and its attention kernel apart at that machine's clock: this one's profile prices attention in the roofline)
+        points = [dataclasses.replace(point.with_attention(), prior_s=None) for point in points]
     elif any(point.prior_s is not None for point in points):
         notes.append("before: the estimate's own predictions as verify recorded them (its \"predicted\" column: the kernel "
                      "rates of the build it ran, at the clock it measured); the default efficiencies price the rest")

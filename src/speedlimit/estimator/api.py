@@ -475,6 +475,11 @@ def resolve(scenario: Scenario) -> StepModel:
         if attention is not None:  # the build's flash-attention kernel, timed apart (fold C)
             terms.update(attention_decode_flops=attention[0], attention_prefill_flops=attention[1])
             efficiency = efficiency.model_copy(update={"basis": f"{efficiency.basis}; {attention[2]}"})
+    if rate is None and not scenario.ideal and scenario.flops_efficiency is None:
+        attention = calibrated_attention_flops(device, reach)
+        if attention is not None:  # the attention kernel the calibration fitted apart
+            terms.update(attention_decode_flops=attention[0], attention_prefill_flops=attention[1])
+            efficiency = efficiency.model_copy(update={"basis": f"{efficiency.basis}; {attention[2]}"})
     if "attention_factor" in terms:
         # the profiles' attention efficiencies are FlashAttention's bf16/fp16 rates: attention runs on the bf16 peak
         # whatever the weights compute in (an fp8 model's GEMMs get twice that peak, its attention does not)
@@ -592,6 +597,18 @@ def cpu_attention_flops(engine: EngineProfile, rate: KernelRate, reach: Bandwidt
              f"(prefill) MACs per cycle per thread (catalog/engines.toml attention_rates, {engine.attention_rates.basis}), "
              "a kernel of its own")
     return decode, prefill, basis
+
+
+def calibrated_attention_flops(device: Hardware, reach: BandwidthReach | None) -> tuple[float, float, str] | None:
+    """(decode, prefill) FLOP/s of the attention kernel a calibrated CPU profile was fitted with, at ``reach``'s busy
+    cores, and the basis in words; None for any other device."""
+    per_core = device.attention_flops_per_core
+    if device.calibrated_at is None or per_core is None or reach is None or device.topology is None:
+        return None
+    busy = reach.core_fraction * device.topology.cores
+    return (per_core[0] * busy, per_core[1] * busy,
+            f"attention: llama.cpp's CPU attention kernel as calibrated, {per_core[0] / 1e9:.3g} (decode) / "
+            f"{per_core[1] / 1e9:.3g} (prefill) GFLOP/s per busy core, a kernel of its own")
 
 
 def compute_rate(arch: Architecture, device: Hardware, weights: Precision | WeightFormats | None,

@@ -9,6 +9,7 @@ verify run's: the sockets, NUMA nodes, cores and threads per core it detected an
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -59,6 +60,16 @@ class CalibrationPoint:
     prior_s: float | None = None
     sequences: float = 1.0  # sequences the step decodes (or prefills) together
     batched: bool = False  # one of verify's series of decode steps of 1, 2, 4... sequences at one context
+    # the time of the step's attention where the build's attention kernel is priced apart (known, not fitted, as
+    # comm_s): its FLOPs and KV bytes are then out of step_flops and step_bytes (`core.attention_kernel_seconds`)
+    attention_s: float = 0.0
+    attention_flops: float = 0.0  # what _apart took out of step_flops and step_bytes (`with_attention` puts it back)
+    kv_bytes: float = 0.0
+
+    def with_attention(self) -> CalibrationPoint:
+        """This step with its attention back in the roofline's work (a fit whose profile cannot carry the kernel)."""
+        return dataclasses.replace(self, step_bytes=self.step_bytes + self.kv_bytes, step_flops=self.step_flops + self.attention_flops,
+                                   attention_s=0.0, attention_flops=0.0, kv_bytes=0.0)
 
 
 @dataclass
@@ -114,7 +125,8 @@ def predicted_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops:
         memory_bytes=math.nan, link_Bps=math.nan, tp=float(point.tp), sequence_overhead_s=sequence_overhead_s,
         stream_compute_overlap=stream_compute_overlap,
     )
-    return float(core.step_time(point.step_bytes, point.step_flops, machine, point.comm_s, point.sequences))
+    return float(core.step_time(point.step_bytes, point.step_flops, machine, point.comm_s, point.sequences,
+                                kernel_s=point.attention_s))
 
 
 def prior_step_seconds(point: CalibrationPoint, bandwidth_Bps: float, flops: float | None, prior: Efficiency) -> float:
@@ -275,7 +287,8 @@ def _fit_joint(points: list[CalibrationPoint], bandwidth_Bps: float, flops: floa
 
     def as_deployment(point: CalibrationPoint) -> DeploymentPoint:
         return DeploymentPoint(point.kind, point.label, 0.0, point.sequences, point.step_bytes / (point.tp * bandwidth_Bps),
-                               point.step_flops / (point.tp * flops), point.comm_s, point.measured_s, "fit")
+                               point.step_flops / (point.tp * flops), point.comm_s, point.measured_s, "fit",
+                               point.attention_s)
 
     params, notes = _fit_structure([as_deployment(p) for p in points], prior)
     kept, excluded = _split_outliers(points, lambda p: params.predict(as_deployment(p)))
@@ -311,6 +324,16 @@ def _seconds(value: float | None) -> float | None:
     return value if value is not None and 0 < value < LONGEST_PREDICTED_STEP_S else None
 
 
+def _apart(step_bytes: float, step_flops: float, row: Any) -> dict[str, float]:
+    """A verify row's step work as `CalibrationPoint` fields: where verify priced the build's attention kernel apart
+    (``attention_flops_per_s``), its FLOPs and the KV bytes leave the step and its time is known; else as recorded."""
+    rate = row.attention_flops_per_s
+    if not rate or not row.attention_flops:
+        return {"step_bytes": step_bytes, "step_flops": step_flops}
+    return {"step_bytes": max(step_bytes - row.kv_bytes, 0.0), "step_flops": max(step_flops - row.attention_flops, 0.0),
+            "attention_s": row.attention_flops / rate, "attention_flops": row.attention_flops, "kv_bytes": row.kv_bytes}
+
+
 def points_from_verify(result: VerifyResult, source: str) -> list[CalibrationPoint]:
     """Points at the run's headline thread count (the configuration the profile describes)."""
     threads = result.threads or (result.settings.threads if result.settings else None)
@@ -319,22 +342,37 @@ def points_from_verify(result: VerifyResult, source: str) -> list[CalibrationPoi
     for row in result.decode:
         if row.threads == threads:
             predicted = _seconds(1.0 / row.tok_s_predicted if row.tok_s_predicted else None)
-            points.append(CalibrationPoint("decode", row.bytes_per_token, row.flops_per_token, 1.0 / row.tok_s,
-                                           f"decode @ ctx {row.context_start}" + (" (base)" if row.kind == "base" else ""),
-                                           source, kernels=kernels, prior_s=predicted))
+            points.append(CalibrationPoint("decode", measured_s=1.0 / row.tok_s,
+                                           label=f"decode @ ctx {row.context_start}" + (" (base)" if row.kind == "base" else ""),
+                                           source=source, kernels=kernels, prior_s=predicted,
+                                           **_apart(row.bytes_per_token, row.flops_per_token, row)))
     for row in result.prefill:
         if row.threads == threads:
             predicted = _seconds(row.ttft_s_predicted)
-            points.append(CalibrationPoint("prefill", row.step_bytes, row.step_flops, row.median_s,
-                                           f"prefill {row.prompt_tokens} tok", source, kernels=kernels, prior_s=predicted))
+            points.append(CalibrationPoint("prefill", measured_s=row.median_s, label=f"prefill {row.prompt_tokens} tok",
+                                           source=source, kernels=kernels, prior_s=predicted,
+                                           **_apart(row.step_bytes, row.step_flops, row)))
     for row in result.batched_decode:
         if row.threads == threads:
-            points.append(CalibrationPoint("decode", row.step_bytes, row.step_flops, row.step_s,
-                                           f"decode of {row.sequences} sequence{'s' if row.sequences > 1 else ''} "
-                                           f"together @ ctx {row.context}", source, kernels=kernels,
+            points.append(CalibrationPoint("decode", measured_s=row.step_s,
+                                           label=f"decode of {row.sequences} sequence{'s' if row.sequences > 1 else ''} "
+                                           f"together @ ctx {row.context}", source=source, kernels=kernels,
                                            prior_s=_seconds(row.step_s_predicted), sequences=float(row.sequences),
-                                           batched=True))
+                                           batched=True, **_apart(row.step_bytes, row.step_flops, row)))
     return points
+
+
+def _attention_flops_per_core(result: VerifyResult) -> tuple[float, float] | None:
+    """(decode, prefill) FLOP/s per busy core of the attention kernel verify priced apart at its headline thread
+    count, or None (a run without fold C's attention rates for its build, or one that predates them)."""
+    threads = result.threads or (result.settings.threads if result.settings else None)
+    decode = next((row.attention_flops_per_s for row in result.decode if row.threads == threads
+                   and row.attention_flops_per_s), None)
+    prefill = next((row.attention_flops_per_s for row in result.prefill if row.threads == threads
+                    and row.attention_flops_per_s), None)
+    if not threads or decode is None or prefill is None:
+        return None
+    return decode / threads, prefill / threads
 
 
 class PredictedStep(BaseModel):
@@ -472,7 +510,8 @@ def measured_machine(result: VerifyResult, source: str) -> tuple[Hardware, list[
             vendor="measured", kind="cpu", memory_bandwidth_Bps=measured_Bps * nodes,
             memory_bytes=result.machine.memory_bytes,
             flops={"fp32": result.measured_flops} if result.measured_flops else {},
-            source=f"speedlimit verify ({source})", notes=basis, **fields)
+            source=f"speedlimit verify ({source})", notes=basis, attention_flops_per_core=_attention_flops_per_core(result),
+            **fields)
     except ValidationError as error:
         raise SpeedlimitError(f"{source}: the measured machine is unusable ({pydantic_message(error)})") from None
     return hardware, notes
@@ -498,6 +537,9 @@ def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list
         "step_overhead_s": round(fit.step_overhead_s, 7),
         **({"sequence_overhead_s": round(fit.sequence_overhead_s, 9)} if fit.sequence_overhead_s is not None else {}),
         **({"stream_compute_overlap": fit.stream_compute_overlap} if fit.stream_compute_overlap is not None else {}),
+        # the attention kernel the points paid apart (a verify run's, at fold C's rates): the profile's steps pay it too
+        **({"attention_flops_per_core": list(base.attention_flops_per_core)}
+           if base.attention_flops_per_core and any(point.attention_s for point in fit.points) else {}),
         "base_hardware": base.key,
         "source": base.source or "speedlimit calibrate",
         "calibrated_from": sources,
@@ -541,6 +583,7 @@ class DeploymentPoint:
     comm_s: float
     measured_s: float
     fold: Literal["fit", "held-out"]
+    attention_s: float = 0.0  # an attention kernel priced apart (known, not fitted: `CalibrationPoint.attention_s`)
 
 
 @dataclass(frozen=True)
@@ -554,7 +597,7 @@ class DeploymentParams:
     def predict(self, point: DeploymentPoint) -> float:
         return (core.stream_compute_seconds(point.x_s / self.bw_efficiency, point.y_s / self.flops_efficiency,
                                             self.stream_compute_overlap)
-                + self.step_overhead_s + self.sequence_overhead_s * point.sequences + point.comm_s)
+                + self.step_overhead_s + self.sequence_overhead_s * point.sequences + point.comm_s + point.attention_s)
 
 
 @dataclass
@@ -645,7 +688,7 @@ def _solve(points: list[DeploymentPoint], memory: list[bool] | None, prior: Depl
     rows = np.array([[p.x_s, p.y_s, 1.0, p.sequences] if additive else
                      [p.x_s if m else 0.0, 0.0 if m else p.y_s, 1.0, p.sequences]
                      for p, m in zip(points, memory or [False] * len(points))])
-    target = np.array([p.measured_s - p.comm_s for p in points])
+    target = np.array([p.measured_s - p.comm_s - p.attention_s for p in points])
     with np.errstate(all="ignore"):  # a step time of 1e-320 s (a hand-edited file) overflows its weight: said below
         weight = 1.0 / np.array([p.measured_s for p in points])
         weighted = rows * weight[:, None]

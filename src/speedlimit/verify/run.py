@@ -34,7 +34,7 @@ from speedlimit.artifacts import Artifact
 from speedlimit.bundled import display_name
 from speedlimit.errors import SpeedlimitError
 from speedlimit.estimator import core
-from speedlimit.estimator.api import Estimate, cost_model, estimate
+from speedlimit.estimator.api import Estimate, cost_model, estimate, step_model
 from speedlimit.hardware import Hardware
 from speedlimit.precision import parse_precision
 from speedlimit.verify import clock, membench
@@ -227,6 +227,11 @@ class PrefillPoint(BaseModel):
     step_flops: float = Field(gt=0)
     bandwidth_Bps: float | None = None
     flops: float | None = None
+    # of step_flops and step_bytes: the attention's FLOPs and the KV cache's bytes, and the FLOP/s of the build's
+    # attention kernel where the prediction priced it as a kernel of its own (fold C; None: inside the roofline)
+    attention_flops: float = Field(default=0.0, ge=0)
+    kv_bytes: float = Field(default=0.0, ge=0)
+    attention_flops_per_s: float | None = Field(default=None, gt=0)
 
 
 class DecodePoint(BaseModel):
@@ -247,6 +252,9 @@ class DecodePoint(BaseModel):
     regime: str = "memory"
     bandwidth_Bps: float | None = None
     flops: float | None = None
+    attention_flops: float = Field(default=0.0, ge=0)  # per token, as PrefillPoint's
+    kv_bytes: float = Field(default=0.0, ge=0)
+    attention_flops_per_s: float | None = Field(default=None, gt=0)
 
 
 class BatchedDecodePoint(BaseModel):
@@ -263,6 +271,9 @@ class BatchedDecodePoint(BaseModel):
     step_s_limit: float | None = None
     step_bytes: float = Field(gt=0)
     step_flops: float = Field(ge=0)
+    attention_flops: float = Field(default=0.0, ge=0)  # of the step, as PrefillPoint's
+    kv_bytes: float = Field(default=0.0, ge=0)
+    attention_flops_per_s: float | None = Field(default=None, gt=0)
 
     @property
     def tok_s(self) -> float:
@@ -378,11 +389,33 @@ def step_work(arch: Architecture, kind: str, prompt: int, output: int = 1, seque
     """(bytes, FLOPs) of a step as the estimator counts them: a prefill of ``prompt`` tokens, or the mean decode
     step of ``sequences`` sequences while each one's context grows from ``prompt`` to ``prompt + output`` (bytes and
     FLOPs are linear in context)."""
+    step, cost = _step(arch, kind, prompt, output, sequences)
+    return float(core.step_bytes(cost, step)), float(core.step_flops(cost, step))
+
+
+def step_attention(arch: Architecture, kind: str, prompt: int, output: int = 1, sequences: int = 1) -> tuple[float, float]:
+    """(attention FLOPs, KV-cache bytes) of the step `step_work` counts: the part of its work a CPU attention kernel
+    of its own does (`core.attention_kernel_seconds`)."""
+    step, cost = _step(arch, kind, prompt, output, sequences)
+    return float(core.step_attention_flops(cost, step)), float(core.step_kv_bytes(cost, step))
+
+
+def _step(arch: Architecture, kind: str, prompt: int, output: int, sequences: int) -> tuple[core.StepBatch, core.CostModel]:
     cost, _ = cost_model(arch, None, parse_precision("fp16"))
     if kind == "prefill":
-        return float(core.prefill_bytes(cost, 1, prompt)), float(core.prefill_flops(cost, 1, prompt))
-    mid = prompt + output / 2
-    return float(core.decode_bytes(cost, sequences, mid)), float(core.decode_flops(cost, sequences, mid))
+        return core.prefill_batch(cost, 1, prompt), cost
+    return core.decode_batch(cost, sequences, prompt + output / 2), cost
+
+
+def attention_kernel_flops(arch: Architecture, hardware: Hardware, engine: str | None) -> tuple[float | None, float | None]:
+    """(decode, prefill) FLOP/s of the build's attention kernel as the prediction prices it on ``hardware`` with
+    ``engine``'s profile, or (None, None) where attention rides the roofline."""
+    if engine is None:
+        return None, None
+    machine = step_model(arch, hardware, kv="fp16", engine=engine).machine
+    if not core.attention_apart(machine):
+        return None, None
+    return float(machine.attention_decode_flops), float(machine.attention_prefill_flops)
 
 
 # --- checks -----------------------------------------------------------------------------------------
@@ -575,6 +608,7 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
         return measured_hardware(bandwidth, flops, memory_bytes, label, threads=threads, clock_hz=(clocks.hz_one_core, busy))
 
     hardware = {threads: machine_at(threads) for threads in measured}
+    attention_rates = {threads: attention_kernel_flops(arch, hw, profile) for threads, hw in hardware.items()}
 
     def add_points(threads: int, prefill_s: list[float], decode_s: list[float]) -> None:
         hw = hardware[threads]
@@ -582,11 +616,13 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
         default, limit = predict(arch, hw, prompt, count, profile)
         ttft = _median(prefill_s)
         p_bytes, p_flops = step_work(arch, "prefill", prompt)
+        p_attention, p_kv = step_attention(arch, "prefill", prompt)
         result.prefill.append(PrefillPoint(
             threads=threads, prompt_tokens=prompt, runs_s=prefill_s, median_s=ttft,
             tok_s=prompt / ttft, runs_spread=max(prefill_s) / min(prefill_s), ttft_s_predicted=default.ttft_s,
             ttft_s_limit=limit.ttft_s, efficiency=(limit.ttft_s / ttft) if limit.ttft_s else None,
             step_bytes=p_bytes, step_flops=p_flops, bandwidth_Bps=hw.memory_bandwidth_Bps, flops=hw.peak_flops("fp32"),
+            attention_flops=p_attention, kv_bytes=p_kv, attention_flops_per_s=attention_rates[threads][1],
         ))
         result.decode.append(decode_point("base", threads, prompt, count, [count / s for s in decode_s], default, limit, hw))
 
@@ -594,12 +630,14 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
                      default: Estimate, limit: Estimate, hw: Hardware) -> DecodePoint:
         measured = _median(rates)
         d_bytes, d_flops = step_work(arch, "decode", context, tokens)
+        d_attention, d_kv = step_attention(arch, "decode", context, tokens)
         return DecodePoint(
             kind=kind, threads=threads, context_start=context, tokens=tokens, runs_tok_s=rates,
             runs_spread=max(rates) / min(rates),  # fastest ÷ slowest run: > NOISY_SPREAD flags disturbed runs
             tok_s=measured, tok_s_predicted=default.decode_tok_s, tok_s_limit=limit.decode_tok_s,
             efficiency=measured / limit.decode_tok_s, bytes_per_token=d_bytes, flops_per_token=d_flops,
             regime=limit.regime, bandwidth_Bps=hw.memory_bandwidth_Bps, flops=hw.peak_flops("fp32"),
+            attention_flops=d_attention, kv_bytes=d_kv, attention_flops_per_s=attention_rates[threads][0],
         )
 
     for threads in thread_counts:
@@ -648,11 +686,13 @@ def _run_verify(settings: VerifySettings, out: Path | None, step: Callable[[str]
                     default, limit = predict(arch, hardware[threads], context, settings.decode_tokens, profile,
                                              batch=sequences)
                     s_bytes, s_flops = step_work(arch, "decode", context, settings.decode_tokens, sequences)
+                    s_attention, s_kv = step_attention(arch, "decode", context, settings.decode_tokens, sequences)
                     result.batched_decode.append(BatchedDecodePoint(
                         threads=threads, sequences=sequences, context=context, steps_s=steps_s,
                         step_s=_median(steps_s), steps_spread=_spread(steps_s),
                         step_s_predicted=default.itl_s, step_s_limit=limit.itl_s, step_bytes=s_bytes,
-                        step_flops=s_flops,
+                        step_flops=s_flops, attention_flops=s_attention, kv_bytes=s_kv,
+                        attention_flops_per_s=attention_rates[threads][0],
                     ))
                     save()
         finally:
