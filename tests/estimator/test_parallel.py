@@ -343,11 +343,14 @@ def test_cli_plot_draws_a_parallel_deployment(tmp_path):
 
 @pytest.mark.parametrize(("model", "weights"), [("mixtral-8x7b", "bf16"), ("deepseek-v3", "fp8")])
 @pytest.mark.parametrize("engine_moe", [False, True])
-def test_a_symmetric_lockstep_step_is_the_group_step(model, weights, engine_moe):
+@pytest.mark.parametrize("attention_apart", [False, True])
+def test_a_symmetric_lockstep_step_is_the_group_step(model, weights, engine_moe, attention_apart):
     cost, machine = _setup(model, "h200", weights, dp=4, ep=4)
     if engine_moe:  # an engine whose fused-MoE kernel runs at its own rate
         machine = machine._replace(moe_factor=0.05, gemm_tokens_small=16.0, gemm_factor_small=0.5,
                                    gemm_tokens_large=2048.0, gemm_factor_large=0.9)
+    if attention_apart:  # an attention kernel of its own (llama.cpp's CPU flash attention: fold C amendment 9)
+        machine = machine._replace(attention_decode_flops=2e12, attention_prefill_flops=9e12)
     for one in (core.decode_batch(cost, 6, 3000.0), core.prefill_batch(cost, 1, 2048, cached=512),
                 core.StepBatch(*(a + b for a, b in zip(core.decode_batch(cost, 3, 900.0), core.prefill_batch(cost, 2, 300))))):
         group = core.StepBatch(*(4 * v for v in one))

@@ -676,6 +676,8 @@ def lockstep_step_seconds(cost: CostModel, machine: Machine, steps) -> float:
         own_expert_flops = (tokens * cost.expert_matmul_flops_per_token
                             / expert_rate(cost, machine, tokens * moe_group(machine)))
         bytes_read = step_bytes(cost, step) - own_expert_bytes + factor * group_expert_bytes
+        if attention_apart(machine):  # its KV reads are the attention kernel's (`attention_kernel_seconds`)
+            bytes_read -= step_kv_bytes(cost, step)
         flops = priced_flops(cost, machine, step) - own_expert_flops + group_expert_flops
         comm_s = allreduce_seconds(cost, machine, tokens) + alltoall_seconds(cost, machine, tokens)
         slowest = max(slowest, step_time(bytes_read, flops, machine, comm_s, step.sequences, tokens,
