@@ -18,16 +18,13 @@ The difference between the two depths is attention alone (the weights, the graph
 per thread, for decode (one query token; llama.cpp splits the cached tokens over the threads from 512 on) and for a
 512-token prefill (its tiled kernel).
 
-    python benchmarks/cpu_attention_rate.py --portable --out benchmarks/accuracy/cpu_attention_portable_intel.csv
+    python benchmarks/cpu_attention_rate.py --portable --out benchmarks/accuracy/cpu_attention_portable.csv   # the build verify runs
+    python benchmarks/cpu_attention_rate.py   # the AVX-512 build of [llama-cpp-cpu]
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -44,20 +41,8 @@ DEFAULT_OUT = HERE / "accuracy" / "cpu_attention.csv"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--portable", action="store_true", help="the GGML_NATIVE=OFF (AVX2) build, as llama-cpp-python is installed")
-    parser.add_argument("--work", type=Path, default=None, help="scratch folder for the models (default: a temporary one)")
-    parser.add_argument("--repetitions", type=int, default=5)
-    args = parser.parse_args(argv)
-    cores = os.cpu_count() or 1
-    tools = kernels.build_tools(None, None, args.portable)
-    work = args.work or Path(tempfile.mkdtemp(prefix="speedlimit-attention-"))
-    work.mkdir(parents=True, exist_ok=True)
-    tokenizer = kernels.smollm2_tokenizer()
-    clocks = {1: kernels.clock_hz(work, 1), cores: kernels.clock_hz(work, cores)}
-    kernels.log(f"clock: {clocks[1] / 1e9:.3f} GHz at 1 busy core, {clocks[cores] / 1e9:.3f} GHz at {cores}")
-    cpu, date = kernels.cpu_name(), datetime.date.today().isoformat()
+    run = kernels.synthetic_run(__doc__.split("\n\n")[0], DEFAULT_OUT, 5, "speedlimit-attention-", argv)
+    args, cores, tools, work, tokenizer, clocks, cpu, date = run
     thread_list = "1" if cores == 1 else f"1,{cores}"
     tests = (("decode", ["-p", "0", "-n", str(DECODE_TOKENS), "-d", ",".join(map(str, DECODE_DEPTHS))]),
              ("prefill", ["-p", str(PREFILL_TOKENS), "-n", "0", "-d", ",".join(map(str, PREFILL_DEPTHS))]))

@@ -18,11 +18,7 @@ in-cache f16 decode rate, over 32 x 22 nodes; and the 1-layer model's time less 
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -37,20 +33,8 @@ DEFAULT_OUT = HERE / "accuracy" / "cpu_graph_overhead.csv"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--portable", action="store_true", help="the GGML_NATIVE=OFF (AVX2) build, as llama-cpp-python is installed")
-    parser.add_argument("--work", type=Path, default=None, help="scratch folder for the models (default: a temporary one)")
-    parser.add_argument("--repetitions", type=int, default=10)
-    args = parser.parse_args(argv)
-    cores = os.cpu_count() or 1
-    tools = kernels.build_tools(None, None, args.portable)
-    work = args.work or Path(tempfile.mkdtemp(prefix="speedlimit-graph-"))
-    work.mkdir(parents=True, exist_ok=True)
-    tokenizer = kernels.smollm2_tokenizer()
-    clocks = {1: kernels.clock_hz(work, 1), cores: kernels.clock_hz(work, cores)}
-    kernels.log(f"clock: {clocks[1] / 1e9:.3f} GHz at 1 busy core, {clocks[cores] / 1e9:.3f} GHz at {cores}")
-    cpu, date = kernels.cpu_name(), datetime.date.today().isoformat()
+    run = kernels.synthetic_run(__doc__.split("\n\n")[0], DEFAULT_OUT, 10, "speedlimit-graph-", argv)
+    args, cores, tools, work, tokenizer, clocks, cpu, date = run
     rows = []
     for shape in SHAPES:
         model = work / f"{shape.name}-f16.gguf"

@@ -239,6 +239,39 @@ def write_imatrix(path: Path, shape: Shape) -> None:
             f.write(np.ones(columns, dtype=np.float32).tobytes())
 
 
+class SyntheticRun(NamedTuple):
+    """What a fold-C script of synthetic models starts from (`synthetic_run`)."""
+
+    args: argparse.Namespace
+    cores: int
+    tools: Path  # the built llama.cpp tools' folder
+    work: Path
+    tokenizer: dict
+    clocks: dict[int, float]  # busy cores (1 and all) -> the clock
+    cpu: str
+    date: str
+
+
+def synthetic_run(description: str, default_out: Path, repetitions: int, prefix: str,
+                  argv: list[str] | None) -> SyntheticRun:
+    """The command line every fold-C script of synthetic models takes (--out, --portable, --work, --repetitions), the
+    built tools, a scratch folder, SmolLM2's tokenizer and the clock at 1 and at all busy cores, logged."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--portable", action="store_true", help="the GGML_NATIVE=OFF (AVX2) build, as llama-cpp-python is installed")
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder for the models (default: a temporary one)")
+    parser.add_argument("--repetitions", type=int, default=repetitions)
+    args = parser.parse_args(argv)
+    cores = os.cpu_count() or 1
+    tools = build_tools(None, None, args.portable)
+    work = args.work or Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    tokenizer = smollm2_tokenizer()
+    clocks = {1: clock_hz(work, 1), cores: clock_hz(work, cores)}
+    log(f"clock: {clocks[1] / 1e9:.3f} GHz at 1 busy core, {clocks[cores] / 1e9:.3f} GHz at {cores}")
+    return SyntheticRun(args, cores, tools, work, tokenizer, clocks, cpu_name(), datetime.date.today().isoformat())
+
+
 def clock_hz(work: Path, copies: int) -> float:
     """The core clock with ``copies`` cores busy: dependent adds retire one per cycle (`speedlimit.verify.clock`,
     the probe `speedlimit verify` times too; 3e9 adds, about a second)."""
