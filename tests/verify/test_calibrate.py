@@ -471,3 +471,27 @@ def test_an_attention_kernel_priced_apart_is_fitted_around_and_kept_by_the_profi
     other = cli(["calibrate", str(path), "--name", "attnother", "--hardware", "amd-ryzen-9-7950x", "--json", "--force"])
     assert other.returncode == 0, other.stderr
     assert load_profile_hardware("attnother").attention_flops_per_core is None
+
+
+def test_without_a_batched_series_the_attention_goes_back_into_the_line(cli, tmp_path: Path, isolated_config: Path) -> None:
+    """The fit without verify's batched series draws decode time against bytes read: a run whose rows priced the
+    attention apart is fitted as the same run without those fields (the KV bytes back in, the only thing that grows
+    with the context), and its profile carries no attention kernel."""
+    truth = Efficiency(bw_efficiency=DEFAULTS.bw_efficiency, flops_efficiency=0.35, step_overhead_s=0.003)
+    path = _attention_verify_file(tmp_path, truth, 0.0)
+    result = json.loads(path.read_text())
+    result["batched_decode"] = []
+    path.write_text(json.dumps(result))
+    plain = tmp_path / "plain.json"
+    for name in ("decode", "prefill"):
+        for row in result[name]:
+            for field in ("attention_flops", "kv_bytes", "attention_flops_per_s"):
+                del row[field]
+    plain.write_text(json.dumps(result))
+    fits = [fit_calibration(load_calibration_inputs([p])[0], BANDWIDTH, FLOPS, DEFAULTS) for p in (path, plain)]
+    assert (fits[0].bw_efficiency, fits[0].flops_efficiency, fits[0].step_overhead_s) == (
+        fits[1].bw_efficiency, fits[1].flops_efficiency, fits[1].step_overhead_s)
+    assert fits[0].error_after == fits[1].error_after
+    done = cli(["calibrate", str(path), "--name", "attnline", "--json", "--force"])
+    assert done.returncode == 0, done.stderr
+    assert load_profile_hardware("attnline").attention_flops_per_core is None

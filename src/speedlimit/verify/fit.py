@@ -240,6 +240,9 @@ def _fit_calibration(points: list[CalibrationPoint], bandwidth_Bps: float, flops
                               "or bench summaries made with --compare-estimate")
     if len({p.sequences for p in decode if p.batched}) > 1 and flops and math.isfinite(flops):
         return _fit_joint(decode + prefill, bandwidth_Bps, flops, before)
+    # the lines below fit decode time against bytes read: the attention goes back into the roofline's work (with its
+    # KV reads, the one thing that grows with the context), and the profile carries no kernel of its own
+    decode, prefill = [p.with_attention() for p in decode], [p.with_attention() for p in prefill]
     bw_efficiency, overhead, notes = _fit_decode(decode, bandwidth_Bps)
     decode, excluded = _split_outliers(decode, lambda p: p.step_bytes / (p.tp * bandwidth_Bps * bw_efficiency) + overhead + p.comm_s)
     if excluded:
