@@ -117,7 +117,9 @@ def test_verify_times_several_sequences_decoding_together(verify_run: tuple[dict
     fit = json.loads(done.stdout)
     # the base decode, the two contexts, the three batched steps and the prefill, all in the fit (or left out by name)
     assert fit["points"] + len(fit["excluded"]) == 7
-    assert fit["sequence_overhead_s"] is None or fit["sequence_overhead_s"] > 0
+    # the joint fit ran on the series (a per-sequence cost, which may come out 0 where the steps' arithmetic, which
+    # grows with the sequences too, explains their growth: the two are told apart by the prefill point alone)
+    assert fit["sequence_overhead_s"] is not None and fit["sequence_overhead_s"] >= 0
 
 
 @pytest.mark.parametrize("delay_s", [0.2, 1.0, 2.5])
