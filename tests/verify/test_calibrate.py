@@ -457,6 +457,10 @@ def test_an_attention_kernel_priced_apart_is_fitted_around_and_kept_by_the_profi
     assert fit.error_after["all"] == pytest.approx(0.0, abs=1e-9)
     done = cli(["calibrate", str(path), "--name", "attnbox", "--json"])
     assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["attention_flops_per_core"] == [2.5e9, 2e10]
+    assert any(note.startswith("attention: llama.cpp's CPU attention kernel priced apart") and "decode @ ctx 4096" in note
+               for note in said["notes"])
     hardware = load_profile_hardware("attnbox")
     assert hardware is not None and hardware.attention_flops_per_core == (2.5e9, 2e10)
     short, long = (json.loads(cli(["estimate", "--model", "smollm2-135m", "--hardware", "attnbox", "--prompt", str(p),
@@ -470,6 +474,7 @@ def test_an_attention_kernel_priced_apart_is_fitted_around_and_kept_by_the_profi
     # the same run fitted for another machine's profile (--hardware) puts attention back in the roofline
     other = cli(["calibrate", str(path), "--name", "attnother", "--hardware", "amd-ryzen-9-7950x", "--json", "--force"])
     assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout)["attention_flops_per_core"] is None
     assert load_profile_hardware("attnother").attention_flops_per_core is None
 
 

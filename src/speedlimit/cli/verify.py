@@ -346,6 +346,14 @@ def calibrate_command(
                      "rates of the build it ran, at the clock it measured); the default efficiencies price the rest")
     fit = fit_calibration(points, reach.bandwidth_Bps if reach else base.memory_bandwidth_Bps, flops, prior_efficiency(base))
     fit.notes[:0] = notes
+    apart = [point for point in fit.points if point.attention_s > 0]
+    kernel = base.attention_flops_per_core if apart else None
+    if kernel:
+        deepest = max(apart, key=lambda point: (point.kind == "decode", point.attention_s))
+        fit.notes.append(f"attention: llama.cpp's CPU attention kernel priced apart at the build's measured rate (fold "
+                         f"C: {kernel[0] / 1e9:.3g} / {kernel[1] / 1e9:.3g} GFLOP/s per core, decode / prefill), not "
+                         f"fitted: {deepest.attention_s * 1e3:.3g} ms of the {deepest.measured_s * 1e3:.3g} ms "
+                         f"\"{deepest.label}\"; the profile keeps it")
 
     before, after = fit.error_before["all"], fit.error_after["all"]
     problem: str | None = None
@@ -373,6 +381,7 @@ def calibrate_command(
                    "flops": fit.flops if fit.flops and math.isfinite(fit.flops) else None, "bw_efficiency": fit.bw_efficiency, "flops_efficiency": fit.flops_efficiency,
                    "step_overhead_s": fit.step_overhead_s, "sequence_overhead_s": fit.sequence_overhead_s,
                    "stream_compute_overlap": fit.stream_compute_overlap,
+                   "attention_flops_per_core": list(kernel) if kernel else None,
                    "error_before": _finite_values(fit.error_before),
                    "error_after": _finite_values(fit.error_after),
                    "default_efficiency": fit.before.model_dump(), "points": len(fit.points),
