@@ -500,3 +500,29 @@ def test_without_a_batched_series_the_attention_goes_back_into_the_line(cli, tmp
     done = cli(["calibrate", str(path), "--name", "attnline", "--json", "--force"])
     assert done.returncode == 0, done.stderr
     assert load_profile_hardware("attnline").attention_flops_per_core is None
+
+
+def test_the_kernel_is_kept_per_busy_core_of_the_machine_verify_detected(cli, tmp_path: Path, isolated_config: Path) -> None:
+    """On a machine with two threads per core verify runs a thread on every logical CPU (4 here on 2 cores) and prices
+    the kernel for them; the profile keeps it per physical core busy at those threads, so that its estimate at the
+    same threads charges the kernel as verify did (hyperthreads add no cores)."""
+    truth = Efficiency(bw_efficiency=DEFAULTS.bw_efficiency, flops_efficiency=0.35, step_overhead_s=0.003)
+    path = _attention_verify_file(tmp_path, truth, 0.002)
+    result = json.loads(path.read_text())
+    result["threads"] = 4
+    for name in ("decode", "prefill", "batched_decode"):
+        for row in result[name]:
+            row["threads"] = 4
+    result["machine"]["layout"] = {"sockets": 1, "numa_nodes_per_socket": 1, "cores_per_socket": 2,
+                                   "threads_per_core": 2, "detected": True, "source": "test"}
+    path.write_text(json.dumps(result))
+    _, measured, _, _ = load_calibration_inputs([path])
+    assert measured is not None and measured.topology.cores == 2
+    assert measured.attention_flops_per_core == (2.5e9, 2e10)  # 5 / 40 GFLOP/s over the 2 cores 4 threads keep busy
+    done = cli(["calibrate", str(path), "--name", "smtbox", "--json"])
+    assert done.returncode == 0, done.stderr
+    priced = json.loads(cli(["estimate", "--model", "smollm2-135m", "--hardware", "smtbox", "--threads", "4",
+                             "--prompt", "4095", "--output", "2", "--json"]).stdout)
+    from speedlimit.catalog import resolve_model
+    context_flops = resolve_model("smollm2-135m").attn_flops_per_ctx_global
+    assert priced["attention_kernel_s"] == pytest.approx(context_flops * 4096 / 5e9, rel=1e-3)

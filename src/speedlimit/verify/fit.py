@@ -365,9 +365,9 @@ def points_from_verify(result: VerifyResult, source: str) -> list[CalibrationPoi
     return points
 
 
-def _attention_flops_per_core(result: VerifyResult) -> tuple[float, float] | None:
-    """(decode, prefill) FLOP/s per busy core of the attention kernel verify priced apart at its headline thread
-    count, or None (a run without fold C's attention rates for its build, or one that predates them)."""
+def _attention_flops(result: VerifyResult) -> tuple[float, float] | None:
+    """(decode, prefill) FLOP/s of the attention kernel verify priced apart at its headline thread count, or None (a
+    run without fold C's attention rates for its build, or one that predates them)."""
     threads = result.threads or (result.settings.threads if result.settings else None)
     decode = next((row.attention_flops_per_s for row in result.decode if row.threads == threads
                    and row.attention_flops_per_s), None)
@@ -375,7 +375,7 @@ def _attention_flops_per_core(result: VerifyResult) -> tuple[float, float] | Non
                     and row.attention_flops_per_s), None)
     if not threads or decode is None or prefill is None:
         return None
-    return decode / threads, prefill / threads
+    return decode, prefill
 
 
 class PredictedStep(BaseModel):
@@ -513,8 +513,17 @@ def measured_machine(result: VerifyResult, source: str) -> tuple[Hardware, list[
             vendor="measured", kind="cpu", memory_bandwidth_Bps=measured_Bps * nodes,
             memory_bytes=result.machine.memory_bytes,
             flops={"fp32": result.measured_flops} if result.measured_flops else {},
-            source=f"speedlimit verify ({source})", notes=basis, attention_flops_per_core=_attention_flops_per_core(result),
-            **fields)
+            source=f"speedlimit verify ({source})", notes=basis, **fields)
+        attention = _attention_flops(result)
+        if attention is not None and threads:
+            # per busy core of this layout at the run's threads (hyperthreads add none), so that the profile prices
+            # the kernel at the run's thread count as verify priced it
+            from speedlimit.estimator.api import bandwidth_reach
+
+            reach = bandwidth_reach(hardware, int(threads))
+            busy = reach.core_fraction * hardware.topology.cores if reach and hardware.topology else float(threads)
+            hardware = Hardware.model_validate({**hardware.model_dump(),
+                                                "attention_flops_per_core": (attention[0] / busy, attention[1] / busy)})
     except ValidationError as error:
         raise SpeedlimitError(f"{source}: the measured machine is unusable ({pydantic_message(error)})") from None
     return hardware, notes
