@@ -338,8 +338,8 @@ def step_bytes(cost: CostModel, step: StepBatch, moe_group=1.0, moe_busy=None):
 
 
 def attention_apart(machine: Machine):
-    """Whether the step's attention is a kernel of its own (`Machine.attention_decode_flops` finite): a bool, or an
-    array of them."""
+    """Whether the step's attention is a kernel of its own (`Machine.attention_decode_flops` finite): True or False
+    for a scalar machine (the callers' fast path tests for those two objects), else an array of bools."""
     rate = machine.attention_decode_flops
     return math.isfinite(rate) if _scalar(rate) else np.isfinite(rate)
 
@@ -354,11 +354,11 @@ def attention_kernel_seconds(cost: CostModel, machine: Machine, step: StepBatch)
     """The time of a step's attention where it is a kernel of its own (`attention_apart`), else 0: decode tokens'
     attention FLOPs at `Machine.attention_decode_flops`, prefill chunks' at `attention_prefill_flops`, over tp."""
     apart = attention_apart(machine)
-    if _scalar(apart) and not apart:
+    if apart is False:  # a scalar machine without the kernel (the simulator's every step): nothing to add
         return 0.0
     decode = cost.attn_flops_per_ctx_global * step.decode_context + cost.attn_flops_per_ctx_local * step.decode_context_local
     prefill = cost.attn_flops_per_ctx_global * step.prefill_pairs + cost.attn_flops_per_ctx_local * step.prefill_pairs_local
-    if _scalar(apart):
+    if apart is True:
         return (decode / machine.attention_decode_flops + prefill / machine.attention_prefill_flops) / machine.tp
     with np.errstate(divide="ignore", invalid="ignore"):
         seconds = (decode / machine.attention_decode_flops + prefill / machine.attention_prefill_flops) / machine.tp
@@ -371,7 +371,7 @@ def priced_bytes(cost: CostModel, machine: Machine, step: StepBatch, moe_group=1
     KV cache's where attention is a kernel of its own, whose measured rate includes its reads)."""
     bytes_read = step_bytes(cost, step, moe_group, moe_busy)
     apart = attention_apart(machine)
-    if not (_scalar(apart) and not apart):
+    if apart is not False:
         bytes_read = bytes_read - _where(apart, step_kv_bytes(cost, step), 0.0)
     factor = machine.moe_bytes_factor
     if _scalar(factor) and factor == 1.0:
@@ -429,7 +429,7 @@ def priced_flops(cost: CostModel, machine: Machine, step: StepBatch, expert_shar
     gemm = gemm_factor(machine, tokens)
     attention = step_attention_flops(cost, step) / machine.attention_factor
     apart = attention_apart(machine)
-    if not (_scalar(apart) and not apart):  # priced by `attention_kernel_seconds` instead
+    if apart is not False:  # priced by `attention_kernel_seconds` instead
         attention = _where(apart, 0.0, attention)
     priced = step_matmul_flops(cost, step) / gemm + attention
     moe = machine.moe_factor
