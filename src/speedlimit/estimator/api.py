@@ -471,15 +471,13 @@ def resolve(scenario: Scenario) -> StepModel:
                      gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=rate.prefill_factor)
         if arch.n_experts and engine.experts_as_matvecs:
             terms["moe_factor"] = rate.expert_factor  # each routed row a matrix-vector product
-        attention = cpu_attention_flops(engine, rate, reach, device)
-        if attention is not None:  # the build's flash-attention kernel, timed apart (fold C)
-            terms.update(attention_decode_flops=attention[0], attention_prefill_flops=attention[1])
-            efficiency = efficiency.model_copy(update={"basis": f"{efficiency.basis}; {attention[2]}"})
-    if rate is None and not scenario.ideal and scenario.flops_efficiency is None:
-        attention = calibrated_attention_flops(device, reach)
-        if attention is not None:  # the attention kernel the calibration fitted apart
-            terms.update(attention_decode_flops=attention[0], attention_prefill_flops=attention[1])
-            efficiency = efficiency.model_copy(update={"basis": f"{efficiency.basis}; {attention[2]}"})
+    # the build's flash-attention kernel timed apart (fold C), or the one a calibrated profile was fitted with
+    attention = (cpu_attention_flops(engine, rate, reach, device) if rate is not None else
+                 None if scenario.ideal or scenario.flops_efficiency is not None else
+                 calibrated_attention_flops(device, reach))
+    if attention is not None:
+        terms.update(attention_decode_flops=attention[0], attention_prefill_flops=attention[1])
+        efficiency = efficiency.model_copy(update={"basis": f"{efficiency.basis}; {attention[2]}"})
     if "attention_factor" in terms:
         # the profiles' attention efficiencies are FlashAttention's bf16/fp16 rates: attention runs on the bf16 peak
         # whatever the weights compute in (an fp8 model's GEMMs get twice that peak, its attention does not)
