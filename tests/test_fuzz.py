@@ -426,6 +426,33 @@ def test_estimate_on_any_profile(isolated: Path, record: dict) -> None:
     check(invoke("estimate", "-m", "smollm2-135m", "-H", "box", "--json"))
 
 
+HOSTILE_NUMBERS = st.one_of(JSON_VALUES, st.sampled_from([0, -1, 1e-320, 1e308, 2**63, -(2**63), 1e-9]))
+
+
+@FUZZ
+@given(key=st.sampled_from(["start_ns", "ttft_s", "itl_s", "prompt_tokens", "output_tokens"]),
+       value=st.one_of(HOSTILE_NUMBERS, st.lists(HOSTILE_NUMBERS, max_size=6)),
+       which=st.sampled_from(["one", "every"]))
+def test_calibrate_a_sweep_with_any_request_timings(isolated: Path, key: str, value: object, which: str) -> None:
+    """`calibrate RUN_DIR` on a sweep whose requests.jsonl carries hostile timings (the requests' timelines tell the
+    decode steps from the steps that carried a prompt): a fit, or one error line."""
+    run = isolated / "sweep"
+    if not run.exists():
+        check(invoke("simulate", "-m", "smollm2-135m", "-H", "amd-ryzen-9-7950x", "--prompt-tokens", "512",
+                     "--output-tokens", "12", "--requests", "4", "--sweep", "concurrency=1,2,3", "--out", str(run),
+                     "--json"), codes=(0,))
+    level = run / "concurrency_2" / "requests.jsonl"
+    original = level.with_suffix(".orig")
+    if not original.exists():
+        original.write_bytes(level.read_bytes())
+    records = [json.loads(line) for line in original.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for index, record in enumerate(records):
+        if which == "every" or index == 0:
+            record[key] = value
+    level.write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
+    check(invoke("calibrate", str(run), "--model", "smollm2-135m", "--hardware", "amd-ryzen-9-7950x", "--json", "--force"))
+
+
 @FUZZ
 @given(lines=st.lists(st.one_of(JSON_VALUES.map(json.dumps), TEXT), max_size=5), summary=JSON_VALUES)
 def test_report_any_files(isolated: Path, lines: list[str], summary: object) -> None:

@@ -46,33 +46,39 @@ def truth_machine(truth: DeploymentParams = TRUTH) -> tuple[core.CostModel, core
 
 def write_sweep(out: Path, levels=(1, 2, 4, 8, 16, 32, 64, 128), prompt: int = 1024, output: int = 64,
                 requests: int = 4, truth: DeploymentParams = TRUTH, noise: float = 0.0, distort=None,
-                truth_at=None) -> Path:
-    """A bench --sweep concurrency=... directory whose times come from the step model on ``truth``
-    (``truth_at(level)``: a machine per level)."""
+                truth_at=None, model: str = MODEL, priced: tuple[core.CostModel, core.Machine] | None = None) -> Path:
+    """A bench --sweep concurrency=... directory of ``model`` whose times come from the step model on ``truth``
+    (``truth_at(level)``: a machine per level; ``priced``: this cost model and machine at every level).
+
+    Each level runs waves of ``level`` requests sent together, one wave after another, at least ``requests`` in all:
+    their timelines (sent, first token, gaps) are a closed loop's whose every step decodes the whole wave. ``noise``
+    alternately lengthens and shortens the steps, every sequence's alike."""
     points = []
     for level in levels:
-        cost, machine = truth_machine(truth_at(level) if truth_at else truth)
+        cost, machine = priced or truth_machine(truth_at(level) if truth_at else truth)
         ttft = float(core.step_seconds(cost, machine, core.prefill_batch(cost, 1.0, float(prompt))))
-        gaps = [float(core.decode_step_seconds(cost, machine, float(level), float(prompt + 1 + i))) for i in range(output - 1)]
+        scale = distort(level) if distort else 1.0
+        gaps = [float(core.decode_step_seconds(cost, machine, float(level), float(prompt + 1 + i)))
+                * (1.0 + (noise if (i + level) % 2 else -noise)) * scale for i in range(output - 1)]
+        e2e = ttft + sum(gaps)
         records = []
-        for index in range(requests):
-            wobble = (1.0 + (noise if (index + level) % 2 else -noise)) * (distort(level) if distort else 1.0)
-            itl = [g * wobble for g in gaps]
-            e2e = ttft + sum(itl)
-            records.append(RequestRecord(index=index, start_ns=0, end_ns=int(e2e * 1e9), ttft_s=ttft, itl_s=itl, e2e_s=e2e,
-                                         prompt_tokens=prompt, output_tokens=output, output_chunks=output,
-                                         token_count_source="usage", prompt_token_source="usage", finish_reason="length"))
+        for index in range(level * max(1, math.ceil(requests / level))):
+            start_ns = int((index // level) * (e2e + 1e-3) * 1e9)  # the next wave leaves as this one ends
+            records.append(RequestRecord(index=index, start_ns=start_ns, end_ns=start_ns + int(e2e * 1e9), ttft_s=ttft,
+                                         itl_s=gaps, e2e_s=e2e, prompt_tokens=prompt, output_tokens=output,
+                                         output_chunks=output, token_count_source="usage", prompt_token_source="usage",
+                                         finish_reason="length"))
         folder = out / f"concurrency_{level:g}"
         folder.mkdir(parents=True)
         write_records(folder / "requests.jsonl", records)
         summary = summarize(records, max(r.e2e_s for r in records), {}, source="bench",
                             offered_load=LoadInfo(concurrency=level, requests=requests),
-                            endpoint={"url": "http://synthetic/v1", "model": MODEL})
+                            endpoint={"url": "http://synthetic/v1", "model": model})
         summary.sweep_value = float(level)
         summary.save(folder / "summary.json")
         points.append(summary)
     sweep = SweepSummary(sweep=SweepInfo(parameter="concurrency", values=[float(v) for v in levels]), points=points,
-                         endpoint={"url": "http://synthetic/v1", "model": MODEL})
+                         endpoint={"url": "http://synthetic/v1", "model": model})
     sweep.save(out / "summary.json")
     return out
 
@@ -169,12 +175,118 @@ def test_a_fit_that_misses_its_own_points_is_refused_unless_forced(tmp_path: Pat
     assert (tmp_path / "config" / "profiles" / "bad.toml").exists()
 
 
+CPU_MODEL, CPU, CPU_WEIGHTS = "smollm2-135m", "amd-ryzen-9-7950x", "q4_0"
+
+
+def test_a_cpu_sweep_is_priced_as_estimate_prices_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU, llama.cpp's default engine prices the matmuls at its kernel rates and the attention as a kernel of
+    its own (fold C). A sweep whose every step is the estimate's own: the prior calibrate scores is that estimate
+    (0 error), the points pay the attention kernel apart, and the saved profile charges it, so that it prices
+    another context as the machine does (a fit that folds the attention's growth into the bandwidth does not)."""
+    monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path / "config"))
+    step = step_model(CPU_MODEL, CPU, weights=CPU_WEIGHTS)
+    assert core.attention_apart(step.machine) is True and step.kernel_rate is not None
+    run = write_sweep(tmp_path / "run", levels=(1, 2, 3, 4), prompt=2048, output=32, model=CPU_MODEL,
+                      priced=(step.cost, step.machine))
+    result = runner.invoke(app, ["calibrate", str(run), "--hardware", CPU, "--weights", CPU_WEIGHTS, "--name", "cpudeploy",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["saved"] and data["engine"] == step.engine.key
+    assert data["errors"]["held-out"]["prior"] == pytest.approx(0.0, abs=1e-9)
+    assert data["errors"]["fit"]["prior"] == pytest.approx(0.0, abs=1e-9)
+    assert all(p["attention_s"] > 0 for p in data["points"])
+    busy = step.reach.core_fraction * step.device.topology.cores
+    assert data["attention_flops_per_core"] == pytest.approx([step.machine.attention_decode_flops / busy,
+                                                              step.machine.attention_prefill_flops / busy])
+    assert any(note.startswith("attention: llama.cpp's CPU attention kernel priced apart") for note in data["notes"])
+    # the profile at contexts the sweep never ran: the kernel's time follows them as the machine's does (decode's
+    # linearly, prefill's with the square of the prompt, which a bandwidth term cannot mimic: 33% short at 8,192)
+    for prompt in (128, 8192):
+        truth = estimate(CPU_MODEL, CPU, weights=CPU_WEIGHTS, prompt=prompt, output=32)
+        calibrated = estimate(CPU_MODEL, "cpudeploy", weights=CPU_WEIGHTS, prompt=prompt, output=32)
+        assert calibrated.attention_kernel_s == pytest.approx(truth.attention_kernel_s, rel=1e-6)
+        assert calibrated.itl_s == pytest.approx(truth.itl_s, rel=0.03), prompt
+    long_truth = estimate(CPU_MODEL, CPU, weights=CPU_WEIGHTS, prompt=8192, output=32)
+    assert estimate(CPU_MODEL, "cpudeploy", weights=CPU_WEIGHTS, prompt=8192, output=32).ttft_s == pytest.approx(
+        long_truth.ttft_s, rel=0.03)
+
+
+def _request(start: float, ttft: float, gaps: list[float], prompt: int = 100):
+    from speedlimit.verify.fit import SweepRequest
+
+    return SweepRequest(prompt, len(gaps) + 1, ttft, gaps, start)
+
+
+def test_decode_steps_come_from_the_requests_timelines() -> None:
+    """Two replies decoding together, then a third sent as the first ends: its prompt's step (the gap it overlaps
+    while it waits for its first token) is no decode step, and the steps after it decode two sequences again."""
+    from speedlimit.verify.fit import SweepLevel, decode_steps
+
+    a = _request(0.0, 1.0, [0.125] * 5)  # first token at 1.0, last at 1.625
+    b = _request(0.0, 1.0, [0.125] * 10)  # decodes until 2.25
+    c = _request(1.626, 0.374, [0.125] * 3)  # sent as a ends; its prompt takes b's steps to 2.0, its first token
+    steps = decode_steps(SweepLevel(load=2, concurrency=2, requests=[a, b, c]), max_sequences=4)
+    # a: 5 steps of 2; b: 5 of 2, then 1.625-2.0 (three steps) carried c's prompt, 2.0-2.25 with c; c: 2, 2, then 1
+    assert steps.carried == 3
+    assert steps.sequences.tolist() == [2] * 5 + [2] * 5 + [2, 2] + [2, 2, 1]
+    assert steps.context.tolist()[:5] == [101, 102, 103, 104, 105]  # the context each gap's step ran at
+    assert steps.context.tolist()[10:12] == [109, 110]  # b's gaps after the three it left out
+    assert steps.gap_s.tolist() == pytest.approx([0.125] * 15)
+
+
+def test_a_serial_servers_queue_is_no_prompt_work() -> None:
+    """With every running slot taken (a serial server: one), a request waiting for its first token is queued, not
+    prefilled: the running reply's gaps stay decode steps of one sequence."""
+    from speedlimit.verify.fit import SweepLevel, decode_steps
+
+    a = _request(0.0, 0.2, [0.05] * 8)  # decodes 0.2-0.6
+    b = _request(0.0, 0.8, [0.05] * 8)  # queued until a ends, prefilled 0.6-0.8
+    steps = decode_steps(SweepLevel(load=2, concurrency=2, requests=[a, b]), max_sequences=1)
+    assert steps.carried == 0 and steps.sequences.tolist() == [1] * 16
+    # the same timelines on an engine with free slots: b's wait overlaps all of a's steps, so they carried its prompt
+    assert decode_steps(SweepLevel(load=2, concurrency=2, requests=[a, b]), max_sequences=4).carried == 8
+
+
+@pytest.mark.parametrize("model, hardware, engine, weights, prompt", [
+    (CPU_MODEL, CPU, None, CPU_WEIGHTS, 4096),  # llama.cpp: 4 slots, a prompt in one step
+    (MODEL, HARDWARE, "vllm", None, 8192),  # vLLM: chunked prefill beside the running decodes
+])
+def test_a_simulated_sweep_with_long_prompts_calibrates_to_its_own_machine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, hardware: str, engine: str | None,
+        weights: str | None, prompt: int) -> None:
+    """simulate's sweep of a deployment, written in bench's schema, priced by the estimate's own step model: every
+    long prompt lands in the steps of the replies decoding beside it. calibrate must see the decode steps as decode
+    steps (a mean over every gap put the prompts' work into them: 30-74% "error" for the prior that generated them,
+    and a refused fit), so that the prior scores 0 and the fit matches it."""
+    monkeypatch.setenv("SPEEDLIMIT_CONFIG_DIR", str(tmp_path / "config"))
+    options = [*(["--engine", engine] if engine else []), *(["--weights", weights] if weights else [])]
+    simulated = runner.invoke(app, ["simulate", "-m", model, "-H", hardware, *options, "--prompt-tokens", str(prompt),
+                                    "--output-tokens", "64", "--requests", "16", "--sweep", "concurrency=1,2,3,4",
+                                    "--seed", "1", "--out", str(tmp_path / "sim"), "--json"])
+    assert simulated.exit_code == 0, simulated.output
+    result = runner.invoke(app, ["calibrate", str(tmp_path / "sim"), "--model", model, "--hardware", hardware, *options,
+                                 "--name", "simdeploy", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["saved"], data["refused"]
+    decode = [p for p in data["points"] if p["kind"] == "decode"]
+    assert {p["fold"] for p in decode} == {"fit", "held-out"}
+    for p in decode:
+        assert p["prior_s"] == pytest.approx(p["measured_s"], rel=1e-3), p["label"]
+    assert data["errors"]["held-out"]["prior"] < 1e-3 and data["errors"]["held-out"]["fitted"] < 0.01
+    assert any("carried another request's prompt" in note for note in data["notes"])
+
+
 def test_a_fit_worse_than_the_prior_on_held_out_levels_is_refused() -> None:
     from speedlimit.verify.fit import DeploymentFit
 
     fit = DeploymentFit(fitted=TRUTH, prior=TRUTH, points=[],
                         errors={"fit": {"prior": 0.1, "fitted": 0.05}, "held-out": {"prior": 0.1, "fitted": 0.2}})
     assert "worse than the prior" in fit.refusal()
+    # matching a prior that prices the held-out levels exactly is not worse than it
+    fit.errors["held-out"] = {"prior": 0.0, "fitted": 1e-4}
+    assert fit.refusal() is None
 
 
 @pytest.mark.parametrize("setup, needle", [

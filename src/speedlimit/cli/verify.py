@@ -453,6 +453,16 @@ def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
 
 
+def _attention_per_core(step: Any, points: list[Any]) -> tuple[float, float] | None:
+    """The (decode, prefill) FLOP/s per busy core of the attention kernel ``step``'s machine prices apart, where the
+    sweep's points paid it; None otherwise (the profile then prices attention in the roofline)."""
+    machine, reach, topology = step.machine, step.reach, step.device.topology
+    if reach is None or topology is None or not any(p.attention_s > 0 for p in points):
+        return None
+    busy = reach.core_fraction * topology.cores
+    return float(machine.attention_decode_flops) / busy, float(machine.attention_prefill_flops) / busy
+
+
 def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: Path | None, force: bool,
                           json_output: bool, model: str | None, engine: str | None, tp: int, weights: str | None,
                           kv: str | None) -> None:
@@ -479,13 +489,25 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
         raise SpeedlimitError(f"{base.name} has no peak FLOP/s figure: pass --hardware with one")
     cap = 1.0 if step.engine.mode.value == "serial" else float(step.engine.max_seqs.at(base.memory_bytes, device=base))
     points = deployment_points(levels, step.cost, tp, step.reach.bandwidth_Bps if step.reach else base.memory_bandwidth_Bps, peak_flops,
-                               base.interconnect_Bps or math.nan, max_sequences=cap)
-    prior = DeploymentParams(bw_efficiency=step.efficiency.bw_efficiency, flops_efficiency=step.efficiency.flops_efficiency,
+                               base.interconnect_Bps or math.nan, max_sequences=cap, priced=step.machine,
+                               notes=(point_notes := []))
+    # where llama.cpp's CPU kernel rates price the matmuls, the prior's flat fraction of the peak is the decode
+    # kernel's (the one a sweep's decode points run at); the points' own prior times are the estimate's either way
+    flops_efficiency = (step.kernel_rate.peak_flops * step.kernel_rate.decode_factor / peak_flops
+                        if step.kernel_rate is not None else step.efficiency.flops_efficiency)
+    prior = DeploymentParams(bw_efficiency=step.efficiency.bw_efficiency, flops_efficiency=flops_efficiency,
                              step_overhead_s=float(step.machine.step_overhead_s),
                              sequence_overhead_s=float(step.machine.sequence_overhead_s),
                              stream_compute_overlap=float(step.machine.stream_compute_overlap))
     fit = fit_deployment(points, prior)
-    fit.notes.extend(info.get("notes", []))
+    fit.notes.extend(point_notes + info.get("notes", []))
+    kernel = _attention_per_core(step, points)
+    if kernel is not None:
+        deepest = max((p for p in points if p.attention_s > 0), key=lambda p: (p.kind == "decode", p.attention_s))
+        fit.notes.append(f"attention: llama.cpp's CPU attention kernel priced apart at {kernel[0] / 1e9:.3g} / "
+                         f"{kernel[1] / 1e9:.3g} GFLOP/s per busy core (decode / prefill; the estimate's rate, not "
+                         f"fitted): {deepest.attention_s * 1e3:.3g} ms of the {deepest.measured_s * 1e3:.3g} ms "
+                         f"\"{deepest.label}\"; the profile keeps it")
     refusal = fit.refusal()
     saved: Path | None = None
     problem: str | None = None
@@ -493,7 +515,7 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
         problem = f"not saved: {refusal}; pass --force to save it anyway"
     else:
         try:
-            saved = save_profile(name, deployment_record(name, base, fit, step.engine.key, [str(path)]), out)
+            saved = save_profile(name, deployment_record(name, base, fit, step.engine.key, [str(path)], kernel), out)
         except OSError as error:
             problem = f"{write_error(out or profile_path(name), error, 'the profile')}; pass --out FILE to write it elsewhere"
     if json_output:
@@ -501,7 +523,9 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
                    "base_hardware": base.key, "model": step.arch.name, "engine": step.engine.key, "tp": tp,
                    "split": fit.split, "fitted": fit.fitted.__dict__, "prior": fit.prior.__dict__, "errors": fit.errors,
                    "points": [{"label": p.label, "kind": p.kind, "fold": p.fold, "measured_s": p.measured_s,
-                               "prior_s": fit.prior.predict(p), "fitted_s": fit.fitted.predict(p)} for p in fit.points],
+                               "prior_s": fit.prior_s(p), "fitted_s": fit.fitted.predict(p),
+                               "attention_s": p.attention_s} for p in fit.points],
+                   "attention_flops_per_core": list(kernel) if kernel else None,
                    "refused": refusal, "notes": fit.notes}
         sys.stdout.write(json.dumps(payload, indent=2, allow_nan=False) + "\n")
     else:
@@ -511,7 +535,7 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
         for column in ("point", "fold", "measured", "prior", "fitted"):
             table.add_column(column, justify="left" if column in ("point", "fold") else "right")
         for point in fit.points:
-            table.add_row(escape(point.label), point.fold, _ms(point.measured_s), _ms(fit.prior.predict(point)),
+            table.add_row(escape(point.label), point.fold, _ms(point.measured_s), _ms(fit.prior_s(point)),
                           _ms(fit.fitted.predict(point)))
         console.print(table)
         values = _efficiency_table("prior", fit.prior, fit.fitted, per_sequence=True)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -582,6 +582,9 @@ def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list
 DEPLOYMENT_SPLIT = "levels sorted by load: the 1st, 3rd, 5th, ... (and the lowest level's TTFT) are fitted; the 2nd, 4th, ... are held out"
 #: A fit that misses its own points by more than this (mean |error|) is not saved without --force.
 MAX_OWN_ERROR = 0.25
+#: A fit is worse than the prior on the held-out levels where it misses them by this much more (mean |error|): a
+#: prior that already prices them exactly (a simulated sweep) is matched, not beaten, by a fit within rounding.
+WORSE_THAN_PRIOR_MARGIN = 0.005
 
 
 @dataclass(frozen=True)
@@ -596,6 +599,9 @@ class DeploymentPoint:
     measured_s: float
     fold: Literal["fit", "held-out"]
     attention_s: float = 0.0  # an attention kernel priced apart (known, not fitted: `CalibrationPoint.attention_s`)
+    # the estimate's own time for this step (its engine's kernel rates, GEMM curve and attention kernel included):
+    # what the prior is scored by; None: the prior's four values price it
+    prior_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -621,16 +627,31 @@ class DeploymentFit:
     split: str = DEPLOYMENT_SPLIT
     notes: list[str] = field(default_factory=list)
 
+    def prior_s(self, point: DeploymentPoint) -> float:
+        """The prior's time for ``point``: the estimate's own (`DeploymentPoint.prior_s`), else the prior's values."""
+        return point.prior_s if point.prior_s is not None else self.prior.predict(point)
+
     def refusal(self) -> str | None:
         """Why this fit must not be saved without --force (None: it may be)."""
         held, own = self.errors["held-out"], self.errors["fit"]["fitted"]
         if own is not None and own > MAX_OWN_ERROR:
             return (f"the fit misses its own points by {own:.0%} on average (more than {MAX_OWN_ERROR:.0%}): the step "
                     "model does not describe this deployment (check --model, --hardware, --tp, --weights)")
-        if held["prior"] is not None and held["fitted"] is not None and held["fitted"] > held["prior"]:
+        if held["prior"] is not None and held["fitted"] is not None and held["fitted"] > held["prior"] + WORSE_THAN_PRIOR_MARGIN:
             return (f"the fit predicts the held-out levels worse than the prior ({held['fitted']:.0%} vs "
                     f"{held['prior']:.0%} mean error)")
         return None
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """One completed request of a sweep level, as bench recorded it."""
+
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    itl_s: list[float]  # gaps between the reply's stream events
+    start_s: float  # when it was sent, on the level's clock (bench's ``start_ns``)
 
 
 @dataclass(frozen=True)
@@ -639,44 +660,117 @@ class SweepLevel:
 
     load: float
     concurrency: float
-    requests: list[tuple[int, int, float, list[float]]]  # (prompt tokens, output tokens, ttft_s, itl gaps)
+    requests: list[SweepRequest]
+
+
+class DecodeSteps(NamedTuple):
+    """A level's inter-token gaps that were decode steps (one entry per gap, arrays), and the gaps left out."""
+
+    sequences: Any  # int array: the sequences decoding in the gap's step
+    context: Any  # float array: this reply's context in it
+    gap_s: Any  # float array: the gap
+    carried: int  # gaps left out: their step also carried another request's prompt
+
+
+#: A decode point needs at least this many gaps (one step seen by each of its sequences counts as many): fewer are
+#: the transitions as a level fills or drains, too few to price a step by.
+MIN_GAPS_PER_POINT = 8
+
+
+def decode_steps(level: SweepLevel, max_sequences: float = math.inf) -> DecodeSteps:
+    """The level's inter-token gaps that were decode steps, each with the sequences decoding in it, and how many
+    gaps were left out for carrying another request's prompt.
+
+    The requests' timelines come from when each was sent, its TTFT and its gaps: a reply decodes from its first
+    token to its last. A gap's step decoded every reply that was mid-decode at the gap's midpoint. A gap that
+    overlaps another request's wait for its first token while a running slot was free (fewer than ``max_sequences``
+    decoding: it was being prefilled, not queued) carried that prompt's work too: in a closed loop with long prompts
+    those steps are the slow ones, and a mean over every gap prices the prompts as decode."""
+    import numpy as np
+
+    sent = np.array([r.start_s for r in level.requests], dtype=float)
+    first = sent + np.array([r.ttft_s for r in level.requests], dtype=float)
+    times = [first[i] + np.concatenate(([0.0], np.cumsum(np.asarray(r.itl_s, dtype=float))))
+             for i, r in enumerate(level.requests)]
+    last = np.array([t[-1] for t in times]) if times else np.zeros(0)
+    # counts by sorted ends (every request's sent <= first <= last): decoding at m = #{first < m} - #{last <= m};
+    # waiting windows (sent, first) overlapping a gap (a, b) = #{sent < b} - #{first <= a}, its own never among them
+    firsts, lasts, sents = np.sort(first), np.sort(last), np.sort(sent)
+    cap = max(1.0, max_sequences)
+    sequences, contexts, gaps = [], [], []
+    carried = 0
+    for request, stamps in zip(level.requests, times):
+        a, b = stamps[:-1], stamps[1:]
+        middle = (a + b) / 2
+        decoding = np.maximum(np.searchsorted(firsts, middle, "left") - np.searchsorted(lasts, middle, "right"), 1)
+        waiting = np.searchsorted(sents, b, "left") - np.searchsorted(firsts, a, "right")
+        clean = ~((decoding < cap) & (waiting > 0))
+        carried += int(clean.size - clean.sum())
+        sequences.append(np.minimum(decoding[clean], cap).astype(np.int64))
+        contexts.append(float(request.prompt_tokens) + 1.0 + np.flatnonzero(clean).astype(float))
+        gaps.append((b - a)[clean])
+    join = lambda parts, kind: np.concatenate(parts) if parts else np.zeros(0, dtype=kind)  # noqa: E731
+    return DecodeSteps(join(sequences, np.int64), join(contexts, float), join(gaps, float), carried)
 
 
 def deployment_points(levels: list[SweepLevel], cost: core.CostModel, tp: int, bandwidth_Bps: float, flops: float,
-                      link_Bps: float = math.nan, max_sequences: float = math.inf) -> list[DeploymentPoint]:
-    """The decode and prefill points of a sweep, each tagged with its fold of `DEPLOYMENT_SPLIT`; a level's decode
-    step runs min(concurrency, ``max_sequences``) sequences (the engine's cap: 1 for a serial server)."""
+                      link_Bps: float = math.nan, max_sequences: float = math.inf,
+                      priced: core.Machine | None = None, notes: list[str] | None = None) -> list[DeploymentPoint]:
+    """The decode and prefill points of a sweep, each tagged with its fold of `DEPLOYMENT_SPLIT`.
+
+    A level's decode points are its decode steps (`decode_steps`: gaps carrying another request's prompt left out,
+    each gap's sequences counted from the requests' timelines, at most ``max_sequences``, the engine's cap: 1 for a
+    serial server), grouped by the sequences decoding and split into the shorter and longer half of their contexts.
+    ``notes`` receives how many gaps were left out.
+
+    ``priced``: the estimate's machine for this deployment. Each point then carries the estimate's own step time as
+    its prior (`DeploymentPoint.prior_s`), and where that machine prices the attention as a kernel of its own
+    (`core.attention_apart`: llama.cpp's CPU flash attention at its measured rate) the point pays the kernel's known
+    time and its KV bytes and attention FLOPs leave the fitted work, as verify's points do (`_apart`)."""
     machine = core.Machine(bandwidth_Bps=bandwidth_Bps, flops=flops, step_overhead_s=0.0, memory_bytes=math.nan,
                            link_Bps=link_Bps, tp=float(tp))
+    apart = priced is not None and core.attention_apart(priced) is True
     ordered = sorted((lv for lv in levels if lv.requests), key=lambda lv: lv.load)
     points: list[DeploymentPoint] = []
 
     def point(kind: Literal["decode", "prefill"], label: str, load: float, step: core.StepBatch, n: float,
               measured: float, fold: Literal["fit", "held-out"]) -> DeploymentPoint:
-        return DeploymentPoint(kind, label, load, n, float(core.step_bytes(cost, step)) / (tp * bandwidth_Bps),
-                               float(core.step_flops(cost, step)) / (tp * flops),
-                               float(core.allreduce_seconds(cost, machine, step.tokens)), measured, fold)
+        step_bytes, step_flops, attention_s = float(core.step_bytes(cost, step)), float(core.step_flops(cost, step)), 0.0
+        if apart:
+            step_bytes -= float(core.step_kv_bytes(cost, step))
+            step_flops -= float(core.step_attention_flops(cost, step))
+            attention_s = float(core.attention_kernel_seconds(cost, priced, step))
+        prior_s = float(core.step_seconds(cost, priced, step)) if priced is not None else None
+        return DeploymentPoint(kind, label, load, n, step_bytes / (tp * bandwidth_Bps), step_flops / (tp * flops),
+                               float(core.allreduce_seconds(cost, machine, step.tokens)), measured, fold,
+                               attention_s=attention_s, prior_s=prior_s if prior_s is not None and prior_s > 0 else None)
 
+    import numpy as np
+
+    carried = total = 0
     for index, level in enumerate(ordered):
         fold: Literal["fit", "held-out"] = "fit" if index % 2 == 0 else "held-out"
-        batch = max(1.0, min(float(level.concurrency), max_sequences))
-        for half, name in ((0, "first"), (1, "second")):
-            gaps, contexts = [], []
-            for prompt, output, _, itl in level.requests:
-                mid = len(itl) // 2
-                part = itl[:mid] if half == 0 else itl[mid:]
-                if not part:
+        steps = decode_steps(level, max_sequences)
+        carried += steps.carried
+        total += steps.carried + steps.gap_s.size
+        for n in sorted(set(steps.sequences.tolist()), reverse=True):
+            chosen = np.flatnonzero(steps.sequences == n)
+            chosen = chosen[np.argsort(steps.context[chosen], kind="stable")]
+            halves = np.array_split(chosen, 2) if chosen.size >= 2 * MIN_GAPS_PER_POINT else [chosen]
+            for half in halves:
+                if half.size < MIN_GAPS_PER_POINT:
                     continue
-                start = prompt + 1 + (0 if half == 0 else mid)
-                gaps += part
-                contexts.append(start + (len(part) - 1) / 2)
-            if gaps and contexts:
-                context = sum(contexts) / len(contexts)
-                points.append(point("decode", f"{level.load:g}: decode, {name} half of the reply (context {context:,.0f})",
-                                    level.load, core.decode_batch(cost, batch, context), batch, sum(gaps) / len(gaps), fold))
+                context = float(steps.context[half].mean())
+                label = f"{level.load:g}: decode of {n} sequence{'s' if n > 1 else ''} (context {context:,.0f})"
+                points.append(point("decode", label, level.load, core.decode_batch(cost, float(n), context), float(n),
+                                    float(steps.gap_s[half].mean()), fold))
+    if carried and notes is not None:
+        notes.append(f"{carried:,} of the {total:,} inter-token gaps were steps that also carried another request's "
+                     "prompt (it was waiting for its first token while a running slot was free): left out of the "
+                     "decode points, which the prefill point prices")
     if ordered:
         lowest = ordered[0]
-        ttfts = [(prompt, ttft) for prompt, _, ttft, _ in lowest.requests if ttft and ttft > 0]
+        ttfts = [(r.prompt_tokens, r.ttft_s) for r in lowest.requests if r.ttft_s and r.ttft_s > 0]
         if ttfts:
             prompt = sum(p for p, _ in ttfts) / len(ttfts)
             points.append(point("prefill", f"{lowest.load:g}: prefill of {prompt:,.0f} tokens (mean TTFT)", lowest.load,
@@ -684,8 +778,11 @@ def deployment_points(levels: list[SweepLevel], cost: core.CostModel, tp: int, b
     return points
 
 
-def _mean_error(points: list[DeploymentPoint], params: DeploymentParams) -> float | None:
-    errors = [abs(params.predict(p) - p.measured_s) / p.measured_s for p in points if p.measured_s > 0]
+def _mean_error(points: list[DeploymentPoint], params: DeploymentParams, *, prior: bool = False) -> float | None:
+    """Mean |relative error| of ``params`` on ``points`` (``prior``: of the estimate's own times where the points
+    carry them, `DeploymentPoint.prior_s`)."""
+    errors = [abs((p.prior_s if prior and p.prior_s is not None else params.predict(p)) - p.measured_s) / p.measured_s
+              for p in points if p.measured_s > 0]
     return sum(errors) / len(errors) if errors else None
 
 
@@ -812,7 +909,7 @@ def fit_deployment(points: list[DeploymentPoint], prior: DeploymentParams) -> De
     held = [p for p in points if p.fold == "held-out" and p.measured_s > 0]
     if not held:
         notes.append("no held-out level (the sweep has one level): nothing to score the fit on")
-    errors = {fold: {"prior": _mean_error(chosen, prior), "fitted": _mean_error(chosen, params)}
+    errors = {fold: {"prior": _mean_error(chosen, prior, prior=True), "fitted": _mean_error(chosen, params)}
               for fold, chosen in (("fit", fit_points), ("held-out", held))}
     return DeploymentFit(fitted=params, prior=prior, points=points, errors=errors, notes=notes)
 
@@ -848,9 +945,11 @@ def sweep_levels(path: Path) -> tuple[list[SweepLevel], dict[str, Any]]:
         records_path = folder / "requests.jsonl"
         if not records_path.is_file():
             raise SpeedlimitError(f"{folder} has no requests.jsonl: the calibration needs each request's timings")
-        requests = [(int(r.prompt_tokens), int(r.output_tokens), float(r.ttft_s), [float(g) for g in r.itl_s])
+        requests = [SweepRequest(int(r.prompt_tokens), int(r.output_tokens), float(r.ttft_s), [float(g) for g in r.itl_s],
+                                 r.start_ns / 1e9)
                     for r in iter_records(records_path)
-                    if r.ok and r.prompt_tokens is not None and r.output_tokens and r.ttft_s is not None and r.itl_s]
+                    if r.ok and r.prompt_tokens is not None and r.output_tokens and r.ttft_s is not None and r.itl_s
+                    and _timeline_usable(r.start_ns / 1e9, r.ttft_s, r.itl_s)]
         load = run.sweep_value if run.sweep_value is not None else (
             run.offered_load.concurrency if run.offered_load and run.offered_load.concurrency else 1.0)
         concurrency = (run.offered_load.concurrency if run.offered_load and run.offered_load.concurrency
@@ -862,6 +961,13 @@ def sweep_levels(path: Path) -> tuple[list[SweepLevel], dict[str, Any]]:
     if shared:
         info["notes"] = [shared]
     return levels, info
+
+
+def _timeline_usable(start_s: float, ttft_s: float, itl_s: list[float]) -> bool:
+    """Whether a record's timings make a timeline: finite, not negative, the whole under a year (a hand-edited or
+    damaged file may hold anything; such a record is left out as an unfinished one is)."""
+    times = [start_s, ttft_s, *itl_s]
+    return all(math.isfinite(t) and t >= 0 for t in times) and ttft_s + sum(itl_s) < LONGEST_PREDICTED_STEP_S
 
 
 def shared_prompts_note(runs: list[RunSummary]) -> str | None:
@@ -883,9 +989,12 @@ def shared_prompts_note(runs: list[RunSummary]) -> str | None:
     return f"levels of this sweep share a prompt seed, so they were sent the same prompts: {effect}"
 
 
-def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str, sources: list[str]) -> dict[str, Any]:
-    """The profile TOML record of a deployment fit (`save_profile` writes it; `--hardware NAME` reads it)."""
+def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str, sources: list[str],
+                      attention_flops_per_core: tuple[float, float] | None = None) -> dict[str, Any]:
+    """The profile TOML record of a deployment fit (`save_profile` writes it; `--hardware NAME` reads it), with the
+    attention kernel's (decode, prefill) FLOP/s per busy core where its points paid the kernel apart."""
     params = fit.fitted
+    kernel = attention_flops_per_core if any(point.attention_s for point in fit.points) else None
     return {
         "key": name,
         "name": f"{name} (calibrated on {base.name}, {engine})",
@@ -899,6 +1008,7 @@ def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str
         "step_overhead_s": round(params.step_overhead_s, 7),
         "sequence_overhead_s": round(params.sequence_overhead_s, 9),
         "stream_compute_overlap": params.stream_compute_overlap,
+        **({"attention_flops_per_core": list(kernel)} if kernel else {}),
         "base_hardware": base.key,
         "engine": engine,
         "source": base.source or "speedlimit calibrate",
