@@ -70,6 +70,25 @@ def test_serial_engine_runs_one_request_at_a_time():
     assert raw.step_tokens[:2] == [512, 188]  # a 700-token prompt in n_batch-sized calls
 
 
+def test_a_closed_loops_next_request_waits_for_the_step_after_its_previous_reply():
+    """A client sends its next request as its reply's last token arrives; an engine with work has started its next
+    step by the time it gets there (llama-server and vLLM read new requests between steps), so the prompt joins the
+    step after, and the replies still decoding are not stalled by it in the step right after. An engine left idle
+    starts on the request at once."""
+    engine = EngineConfig(max_seqs=4, max_batched_tokens=2048)
+    raw = _run([1000, 1000], [4, 12], engine, concurrency=2, requests=3)
+    records = _check_records(raw)
+    ends = raw.end_times
+    done = raw.last_step[0]  # request 0 (4 tokens) ends here; request 2 is sent at that moment
+    assert raw.arrival[2] == pytest.approx(ends[done])
+    assert raw.step_prefill[done + 1] == 0 and raw.step_batch[done + 1] == 1  # request 1 decodes alone
+    assert raw.step_prefill[done + 2] == 1000  # request 2's prompt, one step later
+    assert records[2].ttft_s == pytest.approx(ends[done + 2] - ends[done])
+    # one client (nothing else running): its next request starts at once
+    alone = _run([1000], [4], engine, concurrency=1, requests=2)
+    assert alone.step_prefill[alone.last_step[0] + 1] == 1000
+
+
 def test_prefill_first_pauses_decodes_without_chunking():
     engine = EngineConfig(max_seqs=4, max_batched_tokens=4096, chunked_prefill=False)
     raw = _run([1000], [50], engine, arrivals=[0.0, 0.05, 0.1, 0.12])

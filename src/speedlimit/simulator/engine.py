@@ -471,6 +471,11 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
 
     issued = 0
     completed = 0
+    # a closed loop's next request is sent as its client's previous reply ends, with a step: it reaches the server
+    # while the next step runs (an engine with work starts it at once; the client needs a round trip), so it waits
+    # for the step after (llama-server and vLLM alike read new requests between steps). An idle engine starts on it.
+    returned: list[int] = []  # sent as the last step ended
+    held: list[int] = []  # sent as the one before ended: they arrived during the last step
     if closed:
         limit = requests if requests is not None else math.inf
         while issued < min(concurrency, limit):
@@ -669,6 +674,14 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                 waiting.append(issue(arrivals[next_arrival], next_arrival))
                 next_arrival += 1
                 issued += 1
+        elif held or returned:
+            waiting.extend(held)
+            held = []
+            if running or waiting:  # the engine starts its next step before they reach it
+                held, returned = returned, []
+            else:
+                waiting.extend(returned)
+                returned = []
         if not running and not waiting:
             if not closed and next_arrival < limit:
                 woke = yield arrivals[next_arrival]
@@ -834,7 +847,7 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                 R_last[rid] = s
                 completed += 1
                 if closed and issued < limit and (duration_s is None or now < duration_s):
-                    waiting.append(issue(now, issued))
+                    returned.append(issue(now, issued))
                     issued += 1
         for rid, n in chunks:
             if R_done[rid] < R_target[rid]:
@@ -855,7 +868,7 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                     free_blocks += _blocks(R_done[rid], block)
                 completed += 1
                 if closed and issued < limit and (duration_s is None or now < duration_s):
-                    waiting.append(issue(now, issued))
+                    returned.append(issue(now, issued))
                     issued += 1
                 continue
             # becomes a decoder from the next decode step
