@@ -63,3 +63,31 @@ def test_verify_points_before_fit_equal_estimate_on_the_measured_cpu() -> None:
     flops = hardware.peak_flops("bf16")
     assert predicted_step_seconds(decode, 20e9, flops, efficiency) == pytest.approx(default.itl_s, rel=1e-9)
     assert predicted_step_seconds(prefill, 20e9, flops, efficiency) == pytest.approx(default.ttft_s, rel=1e-9)
+
+
+def test_calibrate_scores_a_bench_summary_against_the_estimate_it_recorded(tmp_path, isolated_config, cli) -> None:
+    """`calibrate summary.json` on the hardware the summary's estimate block was priced on: "before" is that estimate's
+    own decode step (a CPU's attention kernel and kernel rates included), not the default roofline; on another base
+    (--hardware) the recorded prediction is not that base's and the default efficiencies price the prior."""
+    import json
+
+    from speedlimit.artifacts import SweepInfo, SweepSummary
+
+    model, hardware = "llama-3.1-8b", "amd-epyc-9654"
+    runs = []
+    for batch in (1, 4):
+        predicted = estimate(model, hardware, batch=batch, prompt=2048, output=256, weights="q8_0")
+        runs.append(RunSummary(tpot_s=Distribution(mean=predicted.itl_s * 1.25, n=1),
+                               estimate=PredictionBlock(model=model, hardware=hardware, predicted=predicted.to_dict())))
+    summary = SweepSummary(sweep=SweepInfo(parameter="concurrency", values=[1.0, 4.0]), points=runs)
+    path = tmp_path / "summary.json"
+    summary.save(path)
+    done = cli(["calibrate", str(path), "--name", "benchbox", "--json", "--force"])
+    assert done.returncode == 0, done.stderr
+    fit = json.loads(done.stdout)
+    assert fit["error_before"]["decode"] == pytest.approx(0.2, rel=1e-6)  # |1 - 1.25| / 1.25 on both points
+    assert any(note.startswith("before: the estimate's own decode step as each bench summary recorded it")
+               for note in fit["notes"])
+    other = cli(["calibrate", str(path), "--hardware", "intel-xeon-8480", "--name", "benchbox2", "--json", "--force"])
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout)["error_before"]["decode"] != pytest.approx(0.2, rel=1e-3)

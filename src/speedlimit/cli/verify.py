@@ -338,10 +338,17 @@ def calibrate_command(
     # a CPU's fit is relative to what llama.cpp's default threads reach (bandwidth_reach): the bandwidth estimate
     # prices, so that the profile's bw_efficiency applies to it (a verify run's machine has as many cores as it ran)
     reach = bandwidth_reach(base)
-    if base is not measured:  # verify priced its own "predicted" column for the machine it measured, not for this one
-        # (and its attention kernel apart at that machine's clock: this one's profile prices attention in the roofline)
-        points = [dataclasses.replace(point.with_attention(), prior_s=None) for point in points]
-    elif any(point.prior_s is not None for point in points):
+    # a recorded prediction is the prior only where it was priced on this base: verify priced its own "predicted"
+    # column for the machine it measured (and its attention kernel apart at that machine's clock: another base's
+    # profile prices attention in the roofline), a bench summary's estimate block for the hardware it names
+    priced_here = {name: _names(name, base) for name in {p.priced_on for p in points if p.priced_on}}
+    points = [point if (priced_here[point.priced_on] if point.priced_on else base is measured) else
+              dataclasses.replace(point if point.priced_on else point.with_attention(), prior_s=None)
+              for point in points]
+    if any(point.prior_s is not None and point.priced_on for point in points):
+        notes.append(f"before: the estimate's own decode step as each bench summary recorded it (its estimate block, "
+                     f"priced on {base.name})")
+    if base is measured and any(point.prior_s is not None and not point.priced_on for point in points):
         notes.append("before: the estimate's own predictions as verify recorded them (its \"predicted\" column: the kernel "
                      "rates of the build it ran, at the clock it measured); the default efficiencies price the rest")
     fit = fit_calibration(points, reach.bandwidth_Bps if reach else base.memory_bandwidth_Bps, flops, prior_efficiency(base))
@@ -451,6 +458,16 @@ def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
                       f"{'s' if layout.threads_per_core > 1 else ''} per core{per_core}", highlight=False, soft_wrap=True)
     for note in fit.notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
+
+
+def _names(name: str, base: Any) -> bool:
+    """Whether hardware ``name`` (as an input recorded it) resolves to ``base``."""
+    from speedlimit.catalog import resolve_hardware
+
+    try:
+        return resolve_hardware(name).key == base.key
+    except SpeedlimitError:
+        return False
 
 
 def _attention_per_core(step: Any, points: list[Any]) -> tuple[float, float] | None:

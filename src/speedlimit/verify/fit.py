@@ -58,6 +58,9 @@ class CalibrationPoint:
     # the estimate's own time for this step where the input recorded one (a verify run's "predicted" column, priced
     # with the kernel rates of the build it ran at the clock it measured): the prior it is scored against
     prior_s: float | None = None
+    # the hardware ``prior_s`` was priced on, as the input names it (a bench summary's estimate block); None: the
+    # machine a verify run measured
+    priced_on: str | None = None
     sequences: float = 1.0  # sequences the step decodes (or prefills) together
     batched: bool = False  # one of verify's series of decode steps of 1, 2, 4... sequences at one context
     # the time of the step's attention where the build's attention kernel is priced apart (known, not fitted, as
@@ -420,7 +423,8 @@ def points_from_bench(summary: RunSummary | SweepSummary,
         points.append(CalibrationPoint(
             "decode", predicted.bytes_per_token * predicted.batch, predicted.flops_per_token * predicted.batch,
             float(tpot), f"bench decode, batch {predicted.batch}", source, tp=predicted.tp,
-            comm_s=predicted.tp_comm_s, kernels=predicted.kernels_per_step, prior_s=_seconds(predicted.itl_s)))
+            comm_s=predicted.tp_comm_s, kernels=predicted.kernels_per_step, prior_s=_seconds(predicted.itl_s),
+            priced_on=block.hardware))
     if replicated:
         notes.append(f"{source}: {replicated} run(s) replayed on data-parallel replicas (dp > 1) left out: calibrate "
                      "fits one device group's decode step")
