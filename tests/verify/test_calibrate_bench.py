@@ -235,6 +235,16 @@ def test_decode_steps_come_from_the_requests_timelines() -> None:
     assert steps.gap_s.tolist() == pytest.approx([0.125] * 15)
 
 
+def test_a_gap_that_carried_several_tokens_is_that_many_steps() -> None:
+    """A server that streams two tokens per event: each gap is two decode steps, at the context of their middle."""
+    from speedlimit.verify.fit import SweepLevel, SweepRequest, decode_steps
+
+    packed = SweepRequest(100, 9, 1.0, [0.5] * 4, 0.0)  # 9 tokens: the first, then 4 events of 2
+    steps = decode_steps(SweepLevel(load=1, concurrency=1, requests=[packed]))
+    assert steps.gap_s.tolist() == pytest.approx([0.25] * 4)
+    assert steps.context.tolist() == pytest.approx([101.5, 103.5, 105.5, 107.5])
+
+
 def test_a_serial_servers_queue_is_no_prompt_work() -> None:
     """With every running slot taken (a serial server: one), a request waiting for its first token is queued, not
     prefilled: the running reply's gaps stay decode steps of one sequence."""

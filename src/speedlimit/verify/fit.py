@@ -710,9 +710,12 @@ def decode_steps(level: SweepLevel, max_sequences: float = math.inf) -> DecodeSt
         waiting = np.searchsorted(sents, b, "left") - np.searchsorted(firsts, a, "right")
         clean = ~((decoding < cap) & (waiting > 0))
         carried += int(clean.size - clean.sum())
+        # a server that packs several tokens into a stream event (more output tokens than events) ran that many
+        # steps in a gap: a step is the gap over them, at the context of the gap's middle step
+        per_gap = max(1.0, (request.output_tokens - 1) / len(request.itl_s)) if request.itl_s else 1.0
         sequences.append(np.minimum(decoding[clean], cap).astype(np.int64))
-        contexts.append(float(request.prompt_tokens) + 1.0 + np.flatnonzero(clean).astype(float))
-        gaps.append((b - a)[clean])
+        contexts.append(float(request.prompt_tokens) + 1.0 + (np.flatnonzero(clean) + 0.5) * per_gap - 0.5)
+        gaps.append((b - a)[clean] / per_gap)
     join = lambda parts, kind: np.concatenate(parts) if parts else np.zeros(0, dtype=kind)  # noqa: E731
     return DecodeSteps(join(sequences, np.int64), join(contexts, float), join(gaps, float), carried)
 
