@@ -341,7 +341,7 @@ def calibrate_command(
     # a recorded prediction is the prior only where it was priced on this base: verify priced its own "predicted"
     # column for the machine it measured (and its attention kernel apart at that machine's clock: another base's
     # profile prices attention in the roofline), a bench summary's estimate block for the hardware it names
-    priced_here = {name: _names(name, base) for name in {p.priced_on for p in points if p.priced_on}}
+    priced_here = {name: _resolves_to(name, base) for name in {p.priced_on for p in points if p.priced_on}}
     points = [point if (priced_here[point.priced_on] if point.priced_on else base is measured) else
               dataclasses.replace(point if point.priced_on else point.with_attention(), prior_s=None)
               for point in points]
@@ -460,7 +460,7 @@ def _print_fit(console: Console, base: Any, flops: float, fit: Any) -> None:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
 
 
-def _names(name: str, base: Any) -> bool:
+def _resolves_to(name: str, base: Any) -> bool:
     """Whether hardware ``name`` (as an input recorded it) resolves to ``base``."""
     from speedlimit.catalog import resolve_hardware
 

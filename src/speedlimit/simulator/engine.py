@@ -471,9 +471,9 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
 
     issued = 0
     completed = 0
-    # a closed loop's next request is sent as its client's previous reply ends, with a step: it reaches the server
-    # while the next step runs (an engine with work starts it at once; the client needs a round trip), so it waits
-    # for the step after (llama-server and vLLM alike read new requests between steps). An idle engine starts on it.
+    # a closed loop's next request is sent as its client's previous reply ends, and reaches the server while the next
+    # step runs (an engine with work starts that step at once; the client needs a round trip), so it joins the step
+    # after (llama-server and vLLM alike read new requests between steps). An engine left idle starts on it at once.
     returned: list[int] = []  # sent as the last step ended
     held: list[int] = []  # sent as the one before ended: they arrived during the last step
     if closed:
