@@ -39,6 +39,15 @@ LLAMA_SERVER = Path(os.environ.get("SPEEDLIMIT_LLAMA_SERVER",
                                    "/root/.cache/speedlimit/llama-server/0.3.36/build/bin/llama-server"))
 ENGINE_SPECS = {"llama-server": "continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192,slot_streams=1",
                 "llama-cpp-python": "serial"}
+WARMUP_REQUESTS = 1  # bench's --warmup before each point
+
+
+def engine_spec(engine: str, fresh_server: bool) -> str:
+    """The replay's scheduler for ``engine``: on a fresh llama-server, the warm-up request took the top slot before
+    the run (so the server's LRU hands the run the never-used ones first: `EngineConfig.slots_used`)."""
+    if engine == "llama-server" and fresh_server:
+        return f"{ENGINE_SPECS[engine]},slots_used={WARMUP_REQUESTS}"
+    return ENGINE_SPECS[engine]
 COMPARED = (("TTFT p50", "ttft_s", "p50"), ("TPOT p50", "tpot_s", "p50"), ("E2E p50", "e2e_s", "p50"),
             ("TTFT p90", "ttft_s", "p90"), ("output tok/s", "output_tok_s", None))
 
@@ -115,7 +124,7 @@ def run_bench(url: str, out: Path, concurrencies: list[int], requests: int, prom
         command = [sys.executable, "-m", "speedlimit.cli", "bench", "--url", url, "--concurrency", str(concurrency),
                    "--requests", str(requests), "--prompt-tokens", str(prompt), "--output-tokens", str(output),
                    "--seed", str(seed + concurrency), "--out", str(out / f"concurrency_{concurrency}"),
-                   "--no-progress", "--warmup", "1"]
+                   "--no-progress", "--warmup", str(WARMUP_REQUESTS)]
         if engine == "llama-server":
             command += ["--extra-body", '{"cache_prompt": false}']
         for attempt in range(attempts):
@@ -220,13 +229,15 @@ def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], re
     rows = []
     for concurrency, measured in sorted(points.items()):
         for label, base, profile_used in (("verify profile", hardware, None), ("engine profile", basis, profile)):
-            predicted = replay_point(records[concurrency], measured, model, base, ENGINE_SPECS[engine], profile_used)
+            predicted = replay_point(records[concurrency], measured, model, base, engine_spec(engine, fresh_server),
+                                     profile_used)
             row = {"concurrency": concurrency, "prediction": label, "failed": measured.failed}
             for name, metric, stat in COMPARED:
                 m, p = figure(measured, metric, stat), figure(predicted, metric, stat)
                 row[name] = {"measured": m, "predicted": p, "ratio": m / p if m is not None and p else None}
             rows.append(row)
-    return {"engine": engine, "hardware": hardware, "basis": basis, "spec": ENGINE_SPECS[engine], "engine_profile": profile,
+    return {"engine": engine, "hardware": hardware, "basis": basis, "spec": engine_spec(engine, fresh_server),
+            "engine_profile": profile,
             "workload": {"prompt": prompt, "output": output, "requests": requests, "seed": seed},
             "threads": threads, "fresh_server": fresh_server, "rows": rows}
 
@@ -268,7 +279,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="the server's compute threads (default: llama-server 2, "
                                                      "llama-cpp-python 1; see DEFAULT_THREADS)")
     parser.add_argument("--fresh-server", action="store_true",
-                        help="start a new server for each concurrency (no slot history from the points before)")
+                        help="start a new server for each concurrency (no slot history from the points before); with "
+                             "--no-bench: the runs did")
     args = parser.parse_args()
     result = validate(args.engine, hardware_arg(args.hardware), args.out, [int(c) for c in args.concurrency.split(",")],
                       args.requests, args.prompt, args.output, bench=not args.no_bench,

@@ -62,6 +62,32 @@ def test_fresh_slots_go_highest_first_then_least_recently_used():
     assert max(raw.extra["step_passes"]) == 1 and raw.end_times == pytest.approx(plain.end_times, rel=1e-12)
 
 
+def test_a_warm_up_before_the_run_shifts_the_slots_and_every_other_wave_straddles_them():
+    """A fresh llama-server --parallel 8 whose warm-up request took slot 7 (bench --warmup 1): the run's first four
+    requests take slots 6-3, the next four the never-used 2-0 and then 7, which are two runs (0-2 | 7), so that wave
+    decodes in two passes a step; the wave after takes 6-3 again. Seen in the server's log (launch_slot_: id N) and in
+    the waves' step times, 31 and 45 ms by turns (benchmarks/README.md)."""
+    engine = EngineConfig(max_seqs=8, max_batched_tokens=2048, slot_streams=True, slots_used=1)
+    raw = _closed(engine, [64], [8], concurrency=4, requests=16)
+    slots = raw.extra["slots"]
+    assert slots[:8] == [6, 5, 4, 3, 2, 1, 0, 7]
+    assert [sorted(slots[i:i + 4]) for i in (8, 12)] == [[3, 4, 5, 6], [0, 1, 2, 7]]  # the same sets again
+    waves = [raw.extra["step_passes"][raw.first_step[i]:raw.last_step[i] + 1] for i in (0, 4, 8, 12)]
+    assert [max(w) for w in waves] == [1, 2, 1, 2]
+    fresh = _closed(EngineConfig(max_seqs=8, max_batched_tokens=2048, slot_streams=True), [64], [8], 4, 16)
+    assert fresh.extra["slots"][:8] == [7, 6, 5, 4, 3, 2, 1, 0] and max(fresh.extra["step_passes"]) == 1
+    assert raw.end_times[-1] > fresh.end_times[-1]
+
+
+def test_slots_used_needs_slot_streams_and_a_count_of_slots():
+    with pytest.raises(SpeedlimitError, match="slots_used"):
+        EngineConfig(max_seqs=8, slots_used=1).check()
+    with pytest.raises(SpeedlimitError, match="slots_used"):
+        EngineConfig(max_seqs=8, slot_streams=True, slots_used=9).check()
+    assert parse_engine_spec("continuous,max_seqs=8,slot_streams=1,slots_used=1")["slots_used"] == 1
+    assert engine_config("continuous", max_seqs=8, slot_streams=True, slots_used=2).slots_used == 2
+
+
 def test_scattered_slots_cost_a_pass_each_and_slow_the_run(monkeypatch):
     priced = _spy_steps(monkeypatch)
     prompts, outputs = [40, 90, 20, 130, 60], [5, 40, 12, 70, 23]

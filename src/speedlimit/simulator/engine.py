@@ -106,6 +106,9 @@ class EngineConfig:
     prefix_caching: bool = False
     # llama-server with --parallel N: a KV stream per slot, a batch split into passes of consecutive slots (above)
     slot_streams: bool = False
+    # slot streams: slots that requests before the run used on a fresh server (bench's --warmup requests, one at a
+    # time): the highest-numbered, released before the run, so the server's LRU takes the never-used ones first
+    slots_used: int = 0
 
     @property
     def prefills_alone(self) -> bool:
@@ -130,6 +133,11 @@ class EngineConfig:
         if self.max_batched_tokens < self.slots and not self.prefills_alone:
             raise SpeedlimitError(f"--max-batched-tokens ({self.max_batched_tokens}) must be at least --max-seqs "
                                   f"({self.slots}): every running sequence decodes one token per step")
+        if isinstance(self.slots_used, bool) or not isinstance(self.slots_used, int) or not 0 <= self.slots_used <= self.slots:
+            raise SpeedlimitError(f"slots_used must be a whole number between 0 and the slots ({self.slots}), got "
+                                  f"{self.slots_used!r}")
+        if self.slots_used and not self.slot_streams:
+            raise SpeedlimitError("slots_used describes llama-server's slots before the run: it needs slot_streams=1")
         if self.slot_streams and (self.mode != "continuous" or self.prefills_alone):
             raise SpeedlimitError("slot streams are llama.cpp's server's --parallel slots: they need the continuous "
                                   "scheduler with mixed steps (chunked prefill, no prefill-first)")
@@ -453,6 +461,8 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
     streams = engine.slot_streams
     slot_of: dict[int, int] = {}
     released_at: list[float] = [-1.0] * (slots if streams else 0)
+    for used in range(engine.slots_used if streams else 0):  # one warm-up at a time: slot N-1, then N-2, ...
+        released_at[slots - 1 - used] = -0.5 + used * 1e-6
     free_slots: set[int] = set(range(slots)) if streams else set()
     slot_log: list[int] = []  # the slot of each admission, in order (llama-server logs the same: "launch_slot_: id N")
 
