@@ -101,8 +101,9 @@ def bench_command(
                                                       "--compare-estimate."),
     replay_engine: Optional[str] = typer.Option(None, help="Scheduler the replay simulates: continuous or serial "
                                                            "(generic), then key=value (max_seqs, max_batched_tokens, "
-                                                           "kv_tokens, chunked_prefill, prefix_caching, step_overhead, "
-                                                           "sequence_overhead), or the options alone (the --engine "
+                                                           "kv_tokens, chunked_prefill, prefix_caching, slot_streams, "
+                                                           "slots_used, step_overhead, sequence_overhead), or the "
+                                                           "options alone (the --engine "
                                                            "profile's scheduler); default: --engine's, else "
                                                            "continuous; without kv_tokens / max_seqs, what the "
                                                            "server reported (its KV cache, llama-server's slots)."),
