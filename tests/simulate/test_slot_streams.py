@@ -65,8 +65,9 @@ def test_fresh_slots_go_highest_first_then_least_recently_used():
 def test_a_warm_up_before_the_run_shifts_the_slots_and_every_other_wave_straddles_them():
     """A fresh llama-server --parallel 8 whose warm-up request took slot 7 (bench --warmup 1): the run's first four
     requests take slots 6-3, the next four the never-used 2-0 and then 7, which are two runs (0-2 | 7), so that wave
-    decodes in two passes a step; the wave after takes 6-3 again. Seen in the server's log (launch_slot_: id N) and in
-    the waves' step times, 31 and 45 ms by turns (benchmarks/README.md)."""
+    decodes in two passes a step; the wave after takes 6-3 again. The order is the server's LRU (its log without a
+    warm-up: launch_slot_ id 7, 6, 5, 4, then 3, 2, 1, 0); the measured waves' steps took 31 and 45 ms by turns
+    (benchmarks/README.md)."""
     engine = EngineConfig(max_seqs=8, max_batched_tokens=2048, slot_streams=True, slots_used=1)
     raw = _closed(engine, [64], [8], concurrency=4, requests=16)
     slots = raw.extra["slots"]
