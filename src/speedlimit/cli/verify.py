@@ -356,11 +356,8 @@ def calibrate_command(
     apart = [point for point in fit.points if point.attention_s > 0]
     kernel = base.attention_flops_per_core if apart else None
     if kernel:
-        deepest = max(apart, key=lambda point: (point.kind == "decode", point.attention_s))
-        fit.notes.append(f"attention: llama.cpp's CPU attention kernel priced apart at the build's measured rate (fold "
-                         f"C: {kernel[0] / 1e9:.3g} / {kernel[1] / 1e9:.3g} GFLOP/s per core, decode / prefill), not "
-                         f"fitted: {deepest.attention_s * 1e3:.3g} ms of the {deepest.measured_s * 1e3:.3g} ms "
-                         f"\"{deepest.label}\"; the profile keeps it")
+        fit.notes.append(_attention_note(apart, f"the build's measured rate (fold C: {kernel[0] / 1e9:.3g} / "
+                                                f"{kernel[1] / 1e9:.3g} GFLOP/s per core, decode / prefill), not fitted"))
 
     before, after = fit.error_before["all"], fit.error_after["all"]
     problem: str | None = None
@@ -470,6 +467,14 @@ def _resolves_to(name: str, base: Any) -> bool:
         return False
 
 
+def _attention_note(points: list[Any], rate: str) -> str:
+    """calibrate's note on the attention kernel its points paid apart at ``rate`` (in words): how much of the deepest
+    decode step (else prefill) it was."""
+    deepest = max((p for p in points if p.attention_s > 0), key=lambda p: (p.kind == "decode", p.attention_s))
+    return (f"attention: llama.cpp's CPU attention kernel priced apart at {rate}: {deepest.attention_s * 1e3:.3g} ms "
+            f"of the {deepest.measured_s * 1e3:.3g} ms \"{deepest.label}\"; the profile keeps it")
+
+
 def _attention_per_core(step: Any, points: list[Any]) -> tuple[float, float] | None:
     """The (decode, prefill) FLOP/s per busy core of the attention kernel ``step``'s machine prices apart, where the
     sweep's points paid it; None otherwise (the profile then prices attention in the roofline)."""
@@ -520,11 +525,8 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
     fit.notes.extend(point_notes + info.get("notes", []))
     kernel = _attention_per_core(step, points)
     if kernel is not None:
-        deepest = max((p for p in points if p.attention_s > 0), key=lambda p: (p.kind == "decode", p.attention_s))
-        fit.notes.append(f"attention: llama.cpp's CPU attention kernel priced apart at {kernel[0] / 1e9:.3g} / "
-                         f"{kernel[1] / 1e9:.3g} GFLOP/s per busy core (decode / prefill; the estimate's rate, not "
-                         f"fitted): {deepest.attention_s * 1e3:.3g} ms of the {deepest.measured_s * 1e3:.3g} ms "
-                         f"\"{deepest.label}\"; the profile keeps it")
+        fit.notes.append(_attention_note(points, f"{kernel[0] / 1e9:.3g} / {kernel[1] / 1e9:.3g} GFLOP/s per busy "
+                                                 "core (decode / prefill; the estimate's rate, not fitted)"))
     refusal = fit.refusal()
     saved: Path | None = None
     problem: str | None = None

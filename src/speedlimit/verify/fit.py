@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -632,8 +632,7 @@ class DeploymentFit:
     notes: list[str] = field(default_factory=list)
 
     def prior_s(self, point: DeploymentPoint) -> float:
-        """The prior's time for ``point``: the estimate's own (`DeploymentPoint.prior_s`), else the prior's values."""
-        return point.prior_s if point.prior_s is not None else self.prior.predict(point)
+        return deployment_prior_seconds(point, self.prior)
 
     def refusal(self) -> str | None:
         """Why this fit must not be saved without --force (None: it may be)."""
@@ -785,11 +784,14 @@ def deployment_points(levels: list[SweepLevel], cost: core.CostModel, tp: int, b
     return points
 
 
-def _mean_error(points: list[DeploymentPoint], params: DeploymentParams, *, prior: bool = False) -> float | None:
-    """Mean |relative error| of ``params`` on ``points`` (``prior``: of the estimate's own times where the points
-    carry them, `DeploymentPoint.prior_s`)."""
-    errors = [abs((p.prior_s if prior and p.prior_s is not None else params.predict(p)) - p.measured_s) / p.measured_s
-              for p in points if p.measured_s > 0]
+def deployment_prior_seconds(point: DeploymentPoint, prior: DeploymentParams) -> float:
+    """The prior's time for ``point``: the estimate's own (`DeploymentPoint.prior_s`), else ``prior``'s values."""
+    return point.prior_s if point.prior_s is not None else prior.predict(point)
+
+
+def _mean_error(points: list[DeploymentPoint], predict: Callable[[DeploymentPoint], float]) -> float | None:
+    """Mean |relative error| of ``predict``'s times on ``points``."""
+    errors = [abs(predict(p) - p.measured_s) / p.measured_s for p in points if p.measured_s > 0]
     return sum(errors) / len(errors) if errors else None
 
 
@@ -896,7 +898,7 @@ def _fit_structure(points: list[DeploymentPoint], prior: DeploymentParams) -> tu
         summed = _capped(_solve(points, None, prior, sum_notes), sum_notes)
     except SpeedlimitError:  # the sum cannot be fitted on these points: the roofline's fit stands
         return params, notes
-    max_error, sum_error = _mean_error(points, params), _mean_error(points, summed)
+    max_error, sum_error = _mean_error(points, params.predict), _mean_error(points, summed.predict)
     if max_error is None or sum_error is None or not sum_error < max_error - STRUCTURE_MARGIN:
         return params, notes
     sum_notes.append(f"the stream and the arithmetic add on this machine: a step costs the weight and KV stream plus "
@@ -916,7 +918,8 @@ def fit_deployment(points: list[DeploymentPoint], prior: DeploymentParams) -> De
     held = [p for p in points if p.fold == "held-out" and p.measured_s > 0]
     if not held:
         notes.append("no held-out level (the sweep has one level): nothing to score the fit on")
-    errors = {fold: {"prior": _mean_error(chosen, prior, prior=True), "fitted": _mean_error(chosen, params)}
+    errors = {fold: {"prior": _mean_error(chosen, lambda p: deployment_prior_seconds(p, prior)),
+                     "fitted": _mean_error(chosen, params.predict)}
               for fold, chosen in (("fit", fit_points), ("held-out", held))}
     return DeploymentFit(fitted=params, prior=prior, points=points, errors=errors, notes=notes)
 
