@@ -42,12 +42,19 @@ ENGINE_SPECS = {"llama-server": "continuous,max_seqs=8,max_batched_tokens=2048,k
 WARMUP_REQUESTS = 1  # bench's --warmup before each point
 
 
-def engine_spec(engine: str, fresh_server: bool) -> str:
-    """The replay's scheduler for ``engine``: on a fresh llama-server, the warm-up request took the top slot before
-    the run (so the server's LRU hands the run the never-used ones first: `EngineConfig.slots_used`)."""
+def engine_spec(engine: str, fresh_server: bool, summary: Any = None) -> str:
+    """The replay's scheduler for ``engine``. llama-server's slots as the point began: the ones its /slots said
+    earlier requests had used (bench records them: `EngineConfig.slot_history`), else, on a fresh server, the top
+    slot the warm-up request took (so the server's LRU hands the run the never-used ones first:
+    `EngineConfig.slots_used`)."""
+    history = getattr(getattr(summary, "server", None), "slot_history", None)
+    if engine == "llama-server" and history:
+        return f"{ENGINE_SPECS[engine]},slot_history={'/'.join(str(slot) for slot in history)}"
     if engine == "llama-server" and fresh_server:
         return f"{ENGINE_SPECS[engine]},slots_used={WARMUP_REQUESTS}"
     return ENGINE_SPECS[engine]
+
+
 COMPARED = (("TTFT p50", "ttft_s", "p50"), ("TPOT p50", "tpot_s", "p50"), ("E2E p50", "e2e_s", "p50"),
             ("TTFT p90", "ttft_s", "p90"), ("output tok/s", "output_tok_s", None))
 
@@ -229,9 +236,9 @@ def validate(engine: str, hardware: str, out: Path, concurrencies: list[int], re
     rows = []
     for concurrency, measured in sorted(points.items()):
         for label, base, profile_used in (("verify profile", hardware, None), ("engine profile", basis, profile)):
-            predicted = replay_point(records[concurrency], measured, model, base, engine_spec(engine, fresh_server),
-                                     profile_used)
-            row = {"concurrency": concurrency, "prediction": label, "failed": measured.failed}
+            spec = engine_spec(engine, fresh_server, measured)
+            predicted = replay_point(records[concurrency], measured, model, base, spec, profile_used)
+            row = {"concurrency": concurrency, "prediction": label, "failed": measured.failed, "spec": spec}
             for name, metric, stat in COMPARED:
                 m, p = figure(measured, metric, stat), figure(predicted, metric, stat)
                 row[name] = {"measured": m, "predicted": p, "ratio": m / p if m is not None and p else None}
@@ -249,6 +256,11 @@ def print_result(result: dict[str, Any]) -> None:
           f"{getattr(result['hardware'], 'name', result['hardware'])}; workload {result['workload']}")
     print(f"engine profile fitted at concurrency 1: bandwidth efficiency {profile['bw_efficiency']:.3f}, step overhead "
           f"{profile['step_overhead'] * 1e3:.2f} ms, FLOP/s efficiency {profile['flops_efficiency']:.3f}")
+    histories = {row["concurrency"]: row["spec"].partition("slot_history=")[2] for row in result["rows"]
+                 if "slot_history=" in row.get("spec", "")}
+    if histories:  # llama-server's /slots as each point began: the slots used before it, least recently used first
+        print("slots used before each point (llama-server's /slots, least recently used first): "
+              + "; ".join(f"C{c}: {h.replace('/', ', ')}" for c, h in sorted(histories.items())))
     names = [name for name, _, _ in COMPARED]
     print("| C | prediction | " + " | ".join(f"{n} meas / pred (÷)" for n in names) + " |")
     print("|---|---|" + "---|" * len(names))

@@ -702,6 +702,10 @@ BENCH_REPROS = [
     pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--engine", "<b>vllm</b>"], id="engine-unknown"),
     pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--weights", "fp9"], id="weights-unknown"),
     pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--replay-engine", "warp"], id="replay-engine-bad"),
+    pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--replay-engine", "slot_streams=1,slot_history=7/<b>"],
+                 id="slot-history-not-slots"),
+    pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--replay-engine",
+                  "slot_streams=1,slot_history=" + "9" * 400], id="slot-history-huge"),
 ]
 
 

@@ -335,6 +335,10 @@ class ServerMetrics(BaseModel):
     kv_block_size: int | None = None  # vLLM, TensorRT-LLM: tokens per KV block
     slots: int | None = None  # llama-server: the sequences it runs at once (its /props total_slots, --parallel)
     slot_context_tokens: int | None = None  # llama-server: the context one slot holds (/props n_ctx)
+    # llama-server, as the run began (its /slots, after bench's warm-up): the slots that had served a request, least
+    # recently used first, and how many were serving one (another client's: the replay cannot see that work)
+    slot_history: list[int] | None = None
+    slots_busy: int | None = None
     counters: dict[str, float] = Field(default_factory=dict)  # over the run: prompt_tokens, generation_tokens, ...
     histograms: dict[str, ServerHistogram] = Field(default_factory=dict)  # ttft_s, tpot_s, itl_s, e2e_s, queue_s...
 

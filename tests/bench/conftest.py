@@ -12,6 +12,7 @@ takes about 7 minutes on 2 cores, and .ci/run builds it before the tests).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -101,9 +102,10 @@ def stop_process(process: subprocess.Popen) -> None:
         process.wait(5)
 
 
-@pytest.fixture(scope="session")
-def llama_cpp_server():
-    """llama.cpp's C++ llama-server on the bundled GGUF: 2 threads, 4 parallel slots over a 4,096-token context."""
+@contextlib.contextmanager
+def running_llama_cpp_server(parallel: int = 4, context: int = 4096):
+    """llama.cpp's C++ llama-server on the bundled GGUF (2 threads, ``parallel`` slots over ``context`` tokens), from
+    start to stop."""
     from speedlimit.bundled import default_gguf_path
 
     binary = llama_server_binary()
@@ -111,7 +113,7 @@ def llama_cpp_server():
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="llama_cpp_server_", suffix=".log", delete=False)
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", "2",
-               "--parallel", "4", "-c", "4096", "--metrics", "--slots"]
+               "--parallel", str(parallel), "-c", str(context), "--metrics", "--slots"]
     # LLAMA_ARG_* variables would silently override these flags
     env = {key: value for key, value in os.environ.items() if not key.startswith("LLAMA_ARG_")}
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -136,6 +138,20 @@ def llama_cpp_server():
         stop_process(process)
         log.close()
         os.unlink(log.name)
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_server():
+    """llama.cpp's C++ llama-server on the bundled GGUF: 2 threads, 4 parallel slots over a 4,096-token context."""
+    with running_llama_cpp_server() as server:
+        yield server
+
+
+@pytest.fixture
+def fresh_llama_cpp_server():
+    """A llama-server of the test's own (the same set-up as `llama_cpp_server`), whose slots no other test used."""
+    with running_llama_cpp_server() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

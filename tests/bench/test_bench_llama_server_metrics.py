@@ -67,3 +67,27 @@ def test_compare_estimate_replays_on_as_many_slots_as_llama_server_has(llama_cpp
     assert block.inputs["engine_from_server"] == 1 and block.predicted["engine"]["engine"] == "llama-cpp-cpu"
     assert "engine llama-cpp-cpu (the server's, from its /metrics)" in " ".join(stdout.split())
     assert block.comparison["ttft_s.mean"].ratio > 0
+
+
+def test_bench_records_which_slots_a_fresh_llama_server_had_used_and_the_replay_starts_there(fresh_llama_cpp_server,
+                                                                                           tmp_path, run_cli):
+    """bench reads llama-server's /slots as each run begins, after its warm-up: on a fresh server the warm-up request
+    took the top slot (the server's LRU takes never-used slots highest first); the next run sees that slot and the
+    two its requests took, least recently used first, and a replay with slot streams starts from them."""
+    def bench(out, seed, *extra):
+        code, stdout, stderr = run_cli(["bench", "--url", fresh_llama_cpp_server.base_url, "--requests", "2",
+                                        "--concurrency", "2", "--output-tokens", "4", "--prompt-tokens", "32",
+                                        "--warmup", "1", "--seed", str(seed), "--no-progress", "--out", str(out), *extra])
+        assert code == 0, stderr
+        return RunSummary.load(out / "summary.json"), stdout
+
+    first, stdout = bench(tmp_path / "first", 1)
+    assert (first.server.slot_history, first.server.slots_busy) == ([3], 0)
+    assert "used before the run: 3" in " ".join(stdout.split())
+    second, _ = bench(tmp_path / "second", 2, "--compare-estimate", "--hardware", "amd-ryzen-9-7950x",
+                      "--replay-engine", "slot_streams=1")
+    # the first run's warm-up (slot 3) and requests (slots 2 and 1, in the order sent), then this run's warm-up in the
+    # one slot never used
+    assert second.server.slot_history == [3, 2, 1, 0] and second.server.slots_busy == 0
+    block = second.estimate
+    assert block.inputs["slots_used_from_server"] == 4 and block.predicted["engine"]["slot_history"] == [3, 2, 1, 0]

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from speedlimit.bench.server_metrics import (MetricsScraper, NotPrometheus, Scrape, detect_engine, histogram_quantile,
-                                             beside_metrics, llamacpp_slots, load_series, parse_metrics, server_version,
+                                             beside_metrics, llamacpp_slot_history, llamacpp_slots,
+                                             load_series, parse_metrics, server_version,
                                              sglang_deployment, summarize_server)
 
 # vLLM V1 as `curl /metrics` prints it (prometheus_client's exposition: float values, _created samples, labels).
@@ -475,6 +476,47 @@ def test_a_server_version_is_kept_only_as_a_plain_version_string(answer, version
     assert server_version(answer) == version
 
 
+def _slot(slot: int, task: int | None = None, busy: bool = False) -> dict:
+    """One entry of llama-server's /slots as `server_slot::to_json` writes it (metrics only: no prompt text)."""
+    entry = {"id": slot, "n_ctx": 1024, "speculative": False, "is_processing": busy}
+    if task is not None:
+        entry |= {"id_task": task, "n_prompt_tokens": 40, "next_token": [{"n_decoded": 8}]}
+    return entry
+
+
+@pytest.mark.parametrize("answer, slots, found", [
+    ([_slot(0), _slot(1), _slot(2), _slot(3)], 4, ([], 0)),  # a fresh server
+    ([_slot(0), _slot(1), _slot(2), _slot(3, task=1)], 4, ([3], 0)),  # a warm-up took the top slot (seen on 0c1e570)
+    # least recently used first, by the order of each slot's last task (the log of the same server: tasks 12, 13, 24)
+    ([_slot(0), _slot(1, task=13), _slot(2, task=12), _slot(3, task=24)], 4, ([2, 1, 3], 0)),
+    ([_slot(0, task=50, busy=True), _slot(1, task=7)], 2, ([1, 0], 1)),  # a busy slot is released last
+    ([_slot(0), _slot(1)], None, ([], 0)),  # /props not read: any slot count
+    ([_slot(0), _slot(1)], 4, (None, None)),  # not one entry per slot
+    ([_slot(0), _slot(0)], 2, (None, None)), ([_slot(0), _slot(2)], 2, (None, None)),  # a slot twice, one out of range
+    ([_slot(0, task=True), _slot(1)], 2, (None, None)), ([_slot(0, task=-1)], 1, (None, None)),
+    ([_slot(0, task=2**64)], 1, (None, None)), ([{"id": 0, "is_processing": "no"}], 1, (None, None)),
+    ([{"id": True, "is_processing": False}], 1, (None, None)), ([{"id": "0", "is_processing": False}], 1, (None, None)),
+    ([], None, (None, None)), ({"slots": []}, None, (None, None)), ("<script>", None, (None, None)), (None, 4, (None, None)),
+])
+def test_llama_server_slots_give_the_slots_used_before_the_run_least_recently_first(answer, slots, found):
+    assert llamacpp_slot_history(answer, slots) == found
+
+
+@settings(max_examples=80, deadline=None)
+@given(answer=st.recursive(st.none() | st.booleans() | st.integers(-2, 2**65) | st.floats() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                               st.sampled_from(["id", "id_task", "is_processing", "x"]), inner, max_size=4),
+                           max_leaves=12),
+       slots=st.none() | st.integers(1, 4))
+def test_any_slots_answer_gives_distinct_slots_in_range_or_none(answer, slots):
+    used, busy = llamacpp_slot_history(answer, slots)
+    if used is None:
+        assert busy is None
+    else:
+        assert len(set(used)) == len(used) and all(type(s) is int and 0 <= s < len(answer) for s in used)
+        assert type(busy) is int and 0 <= busy <= len(answer)
+
+
 class _LlamaServerApp:
     """A fake llama-server (for the fault paths; the real one is in test_bench_llama_server_metrics.py): llama.cpp's
     /metrics, and a /props that does what `behaviour` says."""
@@ -482,6 +524,7 @@ class _LlamaServerApp:
     def __init__(self, behaviour: str) -> None:
         self.behaviour = behaviour
         self.props_hits = 0
+        self.slots_hits = 0
 
     async def metrics(self, request):
         from aiohttp import web
@@ -492,6 +535,11 @@ class _LlamaServerApp:
         from aiohttp import web
 
         self.props_hits += 1
+        return await self._answer(LLAMACPP_PROPS)
+
+    async def _answer(self, body):
+        from aiohttp import web
+
         if self.behaviour == "404":
             return web.Response(status=404, text="not found")
         if self.behaviour == "hang":
@@ -500,13 +548,17 @@ class _LlamaServerApp:
             return web.Response(text="<html>" + "[" * 100000, content_type="text/html")
         if self.behaviour == "huge":
             return web.json_response({"total_slots": 4, "pad": "x" * (2 << 20)})
-        return web.json_response(LLAMACPP_PROPS)
+        return web.json_response(body)
+
+    async def slots(self, request):
+        self.slots_hits += 1
+        return await self._answer([_slot(0), _slot(1, task=9), _slot(2, task=3), _slot(3, task=11, busy=True)])
 
 
 async def _scrape_llama_server(behaviour: str, tmp_path):
     state = _LlamaServerApp(behaviour)
-    scraper = await scrape_routes({"/metrics": state.metrics, "/props": state.props}, run_s=0.15,
-                                  path=tmp_path / "server_metrics.jsonl")
+    scraper = await scrape_routes({"/metrics": state.metrics, "/props": state.props, "/slots": state.slots},
+                                  run_s=0.15, path=tmp_path / "server_metrics.jsonl")
     return scraper, state
 
 
@@ -514,12 +566,14 @@ async def _scrape_llama_server(behaviour: str, tmp_path):
 def test_the_scraper_reads_llama_servers_slots_once_and_a_bad_props_costs_nothing(behaviour, tmp_path):
     scraper, state = asyncio.run(_scrape_llama_server(behaviour, tmp_path))
     block = scraper.summary()
-    assert state.props_hits == 1 and scraper.warning is None and scraper.note is None
+    assert state.props_hits == state.slots_hits == 1 and scraper.warning is None and scraper.note is None
     assert block.engine == "llamacpp" and block.scrapes >= 3  # the run's scrapes went on
     if behaviour == "ok":
         assert (block.slots, block.slot_context_tokens) == (4, 1024)
+        assert (block.slot_history, block.slots_busy) == ([2, 1, 3], 1)
     else:
         assert block.slots is None and block.slot_context_tokens is None
+        assert block.slot_history is None and block.slots_busy is None
 
 
 async def _scrape_with_props_counted():
@@ -553,6 +607,9 @@ def test_the_summary_shows_llama_servers_slots():
     assert rows["  slots"] == "4 (1,024-token context each)"
     assert dict(server_lines(ServerMetrics(engine="llamacpp", url="u", scrapes=2, slots=2)))["  slots"] == "2"
     assert "  slots" not in dict(server_lines(ServerMetrics(engine="vllm", url="u", scrapes=2)))
+    rows = dict(server_lines(ServerMetrics(engine="llamacpp", url="u", scrapes=2, slots=4, slot_history=[2, 1, 3],
+                                           slots_busy=1)))
+    assert rows["  slots"] == "4; used before the run: 2, 1, 3, 1 busy"
 
 
 class _VersionedApp:

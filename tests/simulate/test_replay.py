@@ -163,6 +163,42 @@ def test_a_llama_server_replay_with_slot_streams_prices_its_passes():
     assert slot_streams_note(None, ServerMetrics(engine="llamacpp", slots=1)) is None
 
 
+def test_a_llama_server_replay_starts_from_the_slots_its_server_said_were_used():
+    """bench records which slots llama-server's /slots showed used as the run began; a replay with slot streams takes
+    them (so the run's requests get the slots the server gave them), unless the spec says which slots were used, and
+    says where another client's requests were running."""
+    from speedlimit.artifacts import ServerMetrics
+    from speedlimit.bench.compare import with_server_engine
+
+    run = simulate("llama-3.1-8b", "l40s", concurrency=2, requests=12, prompt_tokens=256, output_tokens=48, seed=3,
+                   engine="continuous", max_seqs=4, slot_streams=True)
+    fresh = ServerMetrics(engine="llamacpp", slots=4, slot_context_tokens=1024)
+    warmed = fresh.model_copy(update={"slot_history": [3]})
+    spec = "continuous,max_seqs=4,slot_streams=1"
+
+    def replayed(server, engine=spec):
+        measured = run.summary.model_copy(update={"server": server, "notes": []})
+        return replay_for(measured, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b",
+                          engine=engine), measured.notes
+
+    told, notes = replayed(warmed)
+    assert told.inputs["slots_used_from_server"] == 1 and told.predicted["engine"]["slot_history"] == [3]
+    assert not notes
+    by_hand, _ = replayed(fresh, spec + ",slot_history=3")
+    assert by_hand.predicted["e2e_s"] == told.predicted["e2e_s"]
+    # the run was simulated on a fresh server: replayed as one it is exact, replayed from slot 3's warm-up it is not
+    # (its second pair of requests gets slots 0 and 3: two passes a step)
+    assert replayed(fresh)[0].comparison["e2e_s.mean"].ratio == pytest.approx(1.0, rel=1e-9)
+    assert told.comparison["e2e_s.mean"].ratio < 0.999
+    # the spec's own account wins; without slot streams, or on fewer slots, the history is not taken
+    assert with_server_engine(spec + ",slots_used=2", warmed)[0] == spec + ",slots_used=2"
+    assert with_server_engine("continuous,max_seqs=4", warmed)[0] == "continuous,max_seqs=4"
+    assert "slot_history" not in with_server_engine("continuous,max_seqs=2,slot_streams=1", warmed)[0]
+    _, notes = replayed(warmed.model_copy(update={"slots_busy": 2}))
+    assert notes == ["llama-server was serving 2 requests of another client as the run began (its /slots): the replay "
+                     "does not see that work"]
+
+
 def test_the_replay_runs_the_deployment_the_server_ran():
     """A run on vLLM's profile at TP 2 replayed with the same profile and TP is predicted exactly; replayed as one
     device on the generic scheduler (the default), it is not. A generic mode in the spec keeps the profile's step

@@ -4,6 +4,7 @@ of consecutive slots (llama-batch.cpp split_equal), slots taken least recently u
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -87,6 +88,34 @@ def test_slots_used_needs_slot_streams_and_a_count_of_slots():
         EngineConfig(max_seqs=8, slot_streams=True, slots_used=9).check()
     assert parse_engine_spec("continuous,max_seqs=8,slot_streams=1,slots_used=1")["slots_used"] == 1
     assert engine_config("continuous", max_seqs=8, slot_streams=True, slots_used=2).slots_used == 2
+
+
+def test_the_servers_slot_history_sets_which_slots_the_run_takes():
+    """The slots llama-server's /slots showed used before the run (least recently used first, as bench records
+    them): the never-used ones go first, highest first, then the used ones in that order. The history is one a real
+    server gave (--parallel 4): a warm-up in slot 3 and a run in slots 2 and 1 (tasks 1, 12, 13), then the next
+    run's warm-up in slot 3 again (task 24), so /slots said 2, 1, 3."""
+    engine = EngineConfig(max_seqs=4, max_batched_tokens=2048, slot_streams=True, slot_history=(2, 1, 3))
+    assert _closed(engine, [64], [8], concurrency=1, requests=4).extra["slots"] == [0, 2, 1, 3]
+    # a fresh server's warm-up, as /slots tells it, is slots_used=1's guess exactly
+    told = _closed(replace(engine, slot_history=(3,)), [64, 200], [8, 30], concurrency=2, requests=12)
+    guessed = _closed(replace(engine, slot_history=(), slots_used=1), [64, 200], [8, 30], concurrency=2, requests=12)
+    assert told.extra["slots"] == guessed.extra["slots"] and told.end_times == guessed.end_times
+
+
+@pytest.mark.parametrize("history, why", [((8,), "slot_history"), ((1, 1), "slot_history"), ((-1,), "slot_history"),
+                                          ([1], "slot_history"), ((True,), "slot_history")])
+def test_a_slot_history_names_distinct_slots_of_the_engine(history, why):
+    with pytest.raises(SpeedlimitError, match=why):
+        EngineConfig(max_seqs=8, slot_streams=True, slot_history=history).check()
+    with pytest.raises(SpeedlimitError, match="slot_streams=1"):
+        EngineConfig(max_seqs=8, slot_history=(1,)).check()
+    with pytest.raises(SpeedlimitError, match="not both"):
+        EngineConfig(max_seqs=8, slot_streams=True, slot_history=(7,), slots_used=1).check()
+    assert parse_engine_spec("max_seqs=8,slot_streams=1,slot_history=7/6/0")["slot_history"] == (7, 6, 0)
+    assert engine_config("continuous", max_seqs=8, slot_streams=True, slot_history=(5, 2)).slot_history == (5, 2)
+    with pytest.raises(SpeedlimitError, match="not a number"):
+        parse_engine_spec("slot_streams=1,slot_history=7/x")
 
 
 def test_scattered_slots_cost_a_pass_each_and_slow_the_run(monkeypatch):

@@ -95,9 +95,9 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
         summary.warnings.append(mismatch)
     # the shared prefixes it sent (bench's endpoint block; a simulated run's engine block)
     sent = ((summary.endpoint or {}).get("workload") or (summary.engine or {}).get("workload") or {})
-    note = slot_streams_note(engine, summary.server)
-    if note is not None and note not in summary.notes:
-        summary.notes.append(note)
+    for note in (slot_streams_note(engine, summary.server), busy_slots_note(summary.server)):
+        if note is not None and note not in summary.notes:
+            summary.notes.append(note)
     engine, taken = with_server_engine(engine, summary.server)
     given = {k: v for k, v in (("tp", tp), ("dp", dp), ("ep", ep)) if v is not None}
     reported = server_layout(summary.server) if not given else None
@@ -197,6 +197,12 @@ def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tupl
         options.append(f"{key}={int(value)}")
         if key == "kv_tokens" and server.kv_block_size and "block_size" not in given:
             options.append(f"block_size={server.kv_block_size}")
+    history = server.slot_history if server is not None and server.engine == "llamacpp" else None
+    if history and given.get("slot_streams") and "slots_used" not in given and "slot_history" not in given \
+            and given.get("max_seqs", server.slots) == server.slots:
+        # which slots the run's requests get, and so how a step splits into passes (`EngineConfig.slot_history`)
+        options.append("slot_history=" + "/".join(str(slot) for slot in history))
+        taken["slots_used_from_server"] = float(len(history))
     if not options:
         return engine, {}
     return ",".join([engine, *options] if engine else options), taken
@@ -214,6 +220,15 @@ def slot_streams_note(engine: str | None, server: ServerMetrics | None) -> str |
     return (f"llama-server ran {int(server.slots)} slots: if it was started with --parallel {int(server.slots)} and no "
             "--kv-unified, each slot has a KV cache of its own and a step runs one forward pass per run of consecutive "
             "busy slots; add slot_streams=1 to --replay-engine to replay that (simulate --slot-streams)")
+
+
+def busy_slots_note(server: ServerMetrics | None) -> str | None:
+    """A note where llama-server's /slots showed requests running as the run began: not bench's (its warm-up had
+    ended), so another client's, whose work the replay cannot see."""
+    if server is None or not server.slots_busy:
+        return None
+    return (f"llama-server was serving {server.slots_busy} request{'s' if server.slots_busy > 1 else ''} of another "
+            "client as the run began (its /slots): the replay does not see that work")
 
 
 #: The engine profile each engine that /metrics names runs as: its latest profile, or the versioned one whose

@@ -68,7 +68,11 @@ def server_lines(server: ServerMetrics) -> list[tuple[str, str]]:
         rows.append(("  KV capacity", f"{server.kv_capacity_tokens:,.0f} tokens{blocks}"))
     if server.slots is not None:
         context = f" ({server.slot_context_tokens:,}-token context each)" if server.slot_context_tokens else ""
-        rows.append(("  slots", f"{server.slots:,}{context}"))
+        used = ""
+        if server.slot_history:  # least recently used first, as the server will hand them out after the fresh ones
+            busy = f", {server.slots_busy} busy" if server.slots_busy else ""
+            used = f"; used before the run: {', '.join(str(s) for s in server.slot_history)}{busy}"
+        rows.append(("  slots", f"{server.slots:,}{context}{used}"))
     if server.tp is not None:
         sizes = (("tp", server.tp), ("pp", server.pp), ("dp", server.dp), ("ep", server.ep))
         layout = [f"{name} {value}" for name, value in sizes if value is not None]

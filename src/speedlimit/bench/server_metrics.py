@@ -31,7 +31,9 @@ Metric names (checked against each project's docs and source, Dec 2026):
   (tools/server/server-context.cpp: ``total_slots`` = ``--parallel``, ``default_generation_settings.n_ctx`` = one
   slot's context): read once before the run (`llamacpp_slots`). One slot's context times the slots is not its KV
   cache when the cache is unified (``--kv-unified``, where every slot reports the whole pool), so no capacity is
-  derived from them.
+  derived from them. Its ``/slots`` (on by default; ``server_slot::to_json``) says which slots served a request
+  before the run, and which are serving one as it begins (`llamacpp_slot_history`): the slot a new request gets
+  depends on it (``get_available_slot``: the idle slot released longest ago).
 
 - TensorRT-LLM: ``trtllm-serve`` with ``return_perf_metrics`` (builds with the ``trtllm_`` prefix, from about
   1.3.0rc5 per ai-dynamo/dynamo PR #6469; tensorrt_llm/metrics/collector.py) exports Prometheus text at
@@ -317,6 +319,39 @@ def llamacpp_slots(props: Any) -> tuple[int | None, int | None]:
     return _whole_count(props.get("total_slots"), MAX_SLOTS), _whole_count(context, MAX_SLOT_CONTEXT_TOKENS)
 
 
+def llamacpp_slot_history(answer: Any, slots: int | None) -> tuple[list[int] | None, int | None]:
+    """(the slots that had served a request, least recently used first; how many were serving one) from llama-server's
+    ``/slots`` JSON, read as a run begins; (None, None) where the answer is not one entry per slot, each with a whole
+    ``id`` below the slot count, a boolean ``is_processing`` and, once the slot has served a request, a whole
+    ``id_task`` (tools/server/server-context.cpp ``server_slot::to_json``: its last task's id).
+
+    The server gives a new request the idle slot released longest ago (``get_available_slot``, by ``t_last_used``),
+    which /slots does not report. Task ids count up as requests arrive, so the order of the slots' last task ids is
+    taken for the order of their release: exact where each earlier request also ended first (a closed loop of equal
+    replies, a warm-up). A busy slot is released during the run, after every idle one: it comes last."""
+    if not isinstance(answer, list) or not answer or len(answer) > MAX_SLOTS or (slots is not None and len(answer) != slots):
+        return None, None
+    last_task: dict[int, int] = {}
+    seen: set[int] = set()
+    busy: set[int] = set()
+    for entry in answer:
+        if not isinstance(entry, dict) or not isinstance(entry.get("is_processing"), bool):
+            return None, None
+        slot, task = entry.get("id"), entry.get("id_task")
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < len(answer) or slot in seen:
+            return None, None
+        seen.add(slot)
+        if entry["is_processing"]:
+            busy.add(slot)
+        if task is None:
+            continue
+        if isinstance(task, bool) or not isinstance(task, int) or not 0 <= task < 2**63:
+            return None, None
+        last_task[slot] = task
+    used = sorted(last_task, key=lambda slot: (slot in busy, last_task[slot], slot))
+    return used, len(busy)
+
+
 def _whole_count(value: Any, high: int) -> int | None:
     # JSON true is a Python int: not a count
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= high:
@@ -427,9 +462,11 @@ def _histogram(before: dict[str, float], after: dict[str, float], family: str) -
 
 def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, failures: int = 0,
                      slots: tuple[int | None, int | None] = (None, None), version: str | None = None,
-                     deployment: dict[str, Any] | None = None) -> ServerMetrics:
+                     deployment: dict[str, Any] | None = None,
+                     slot_history: tuple[list[int] | None, int | None] = (None, None)) -> ServerMetrics:
     """The server-side block of a run from its scrapes (the first one before the run, the last one after it), the
-    engine's version where its server said it, for llama-server its slots and slot context (`llamacpp_slots`), and
+    engine's version where its server said it, for llama-server its slots and slot context (`llamacpp_slots`) and
+    which slots had served requests as the run began (`llamacpp_slot_history`), and
     for SGLang its layout and scheduler (`sglang_deployment`; its KV pool there, one scheduler's, is the capacity)."""
     engine = next((detect_engine(s.samples) for s in scrapes if s.samples), "unknown")
     deployment = dict(deployment or {})
@@ -437,7 +474,8 @@ def summarize_server(scrapes: list[Scrape], *, url: str, interval_s: float, fail
     if engine == "trtllm" and scrapes:  # its layout and scheduler limits are gauges of its own
         deployment |= trtllm_deployment(scrapes[-1].samples)
     block = ServerMetrics(engine=engine, version=version, url=url, scrapes=len(scrapes), interval_s=interval_s,
-                          failures=failures, slots=slots[0], slot_context_tokens=slots[1], **deployment)
+                          failures=failures, slots=slots[0], slot_context_tokens=slots[1],
+                          slot_history=slot_history[0], slots_busy=slot_history[1], **deployment)
     if len(scrapes) < 2:
         if server_kv is not None:
             block.kv_capacity_tokens = float(server_kv)
@@ -513,6 +551,7 @@ class MetricsScraper:
     note: str | None = None  # the server has no metrics endpoint (404 before the run): nothing to scrape
     failures: int = 0
     slots: tuple[int | None, int | None] = (None, None)  # llama-server's (slots, slot context), from /props
+    slot_history: tuple[list[int] | None, int | None] = (None, None)  # llama-server's slots as the run began (/slots)
     version: str | None = None  # the engine's version, where its server says it (`VERSION_PATHS`)
     deployment: dict[str, Any] = field(default_factory=dict)  # its layout and scheduler (`sglang_deployment`)
     # where else to look when ``url`` answers but not with Prometheus text (bench's default URL only: trtllm-serve's
@@ -593,6 +632,7 @@ class MetricsScraper:
             engine = detect_engine(self.scrapes[0].samples)
             if engine == "llamacpp":
                 self.slots = llamacpp_slots(await self.read_json("/props"))
+                self.slot_history = llamacpp_slot_history(await self.read_json("/slots"), self.slots[0])
             if engine in VERSION_PATHS:
                 answer = await self.read_json(VERSION_PATHS[engine])
                 self.version = server_version(answer)
@@ -666,7 +706,8 @@ class MetricsScraper:
         if not self.scrapes:
             return None
         return summarize_server(self.scrapes, url=self.url, interval_s=self.interval_s, failures=self.failures,
-                                slots=self.slots, version=self.version, deployment=self.deployment)
+                                slots=self.slots, version=self.version, deployment=self.deployment,
+                                slot_history=self.slot_history)
 
 
 def load_series(path: Path) -> list[dict[str, Any]]:

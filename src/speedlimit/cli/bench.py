@@ -102,11 +102,12 @@ def bench_command(
     replay_engine: Optional[str] = typer.Option(None, help="Scheduler the replay simulates: continuous or serial "
                                                            "(generic), then key=value (max_seqs, max_batched_tokens, "
                                                            "kv_tokens, chunked_prefill, prefix_caching, slot_streams, "
-                                                           "slots_used, step_overhead, sequence_overhead), or the "
+                                                           "slots_used, slot_history, step_overhead, sequence_overhead), or the "
                                                            "options alone (the --engine "
                                                            "profile's scheduler); default: --engine's, else "
                                                            "continuous; without kv_tokens / max_seqs, what the "
-                                                           "server reported (its KV cache, llama-server's slots)."),
+                                                           "server reported (its KV cache, llama-server's slots and, with "
+                                                           "slot_streams=1, which of them were used before the run)."),
     engine: Optional[str] = typer.Option(None, help="Engine profile the --compare-estimate replay runs (speedlimit "
                                                     "engines: its step costs and scheduler defaults), e.g. vllm, "
                                                     "sglang, llama-server."),

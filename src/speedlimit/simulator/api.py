@@ -151,7 +151,8 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
                   chunked_prefill: bool | None = None, block_size: int = 16, kv_tokens: float | None = None,
                   step: StepModel | None = None, profile: EngineProfile | None = None,
                   use_profile: bool = True, prefix_caching: bool | None = None,
-                  slot_streams: bool = False, slots_used: int = 0) -> EngineConfig:
+                  slot_streams: bool = False, slots_used: int = 0,
+                  slot_history: tuple[int, ...] = ()) -> EngineConfig:
     """An engine's scheduler: explicit options over the engine profile's defaults (``profile``, else ``step``'s
     engine; vLLM's and SGLang's depend on the device's memory and the KV capacity); with ``mode`` given
     (continuous or serial), that scheduler's generic defaults instead. The KV capacity from memory beside the weights (one data-parallel replica's). ``use_profile=False``: the mode's generic defaults only."""
@@ -204,7 +205,8 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
                           chunked_prefill=True if chunked_prefill is None else bool(chunked_prefill),
                           prefill_first=prefill_first,
                           block_size=block_size, kv_capacity_tokens=capacity,
-                          prefix_caching=bool(prefix_caching), slot_streams=bool(slot_streams), slots_used=slots_used)
+                          prefix_caching=bool(prefix_caching), slot_streams=bool(slot_streams), slots_used=slots_used,
+                          slot_history=tuple(slot_history))
     if slot_streams and lockstep_replicas > 1:
         raise SpeedlimitError("--slot-streams (llama.cpp's server slots) does not combine with data-parallel replicas "
                               "that step together")
@@ -701,6 +703,8 @@ def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> 
         "chunked_prefill": engine.chunked_prefill, "prefill_first": engine.prefills_alone,
         "prefix_caching": engine.prefix_caching,
         **({"slot_streams": True} if engine.slot_streams else {}),
+        **({"slots_used": engine.slots_used} if engine.slots_used else {}),
+        **({"slot_history": list(engine.slot_history)} if engine.slot_history else {}),
         "block_size": engine.block_size,
         "kv_capacity_tokens": engine.kv_capacity_tokens if math.isfinite(engine.kv_capacity_tokens) else None,
         "bw_efficiency": step.efficiency.bw_efficiency, "flops_efficiency": step.flops_efficiency,
@@ -801,7 +805,8 @@ ENGINE_SPEC_KEYS = {"max_seqs": int, "max_batched_tokens": int, "kv_tokens": int
                     "chunked_prefill": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
                     "prefix_caching": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
                     "slot_streams": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
-                    "slots_used": int, "step_overhead": float, "sequence_overhead": float}
+                    "slots_used": int, "slot_history": lambda v: tuple(int(s) for s in v.split("/") if s.strip()),
+                    "step_overhead": float, "sequence_overhead": float}
 
 
 def parse_engine_spec(text: str | None) -> dict[str, Any]:

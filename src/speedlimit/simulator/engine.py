@@ -109,6 +109,9 @@ class EngineConfig:
     # slot streams: slots that requests before the run used on a fresh server (bench's --warmup requests, one at a
     # time): the highest-numbered, released before the run, so the server's LRU takes the never-used ones first
     slots_used: int = 0
+    # slot streams: the slots that served requests before the run, least recently used first (llama-server's /slots,
+    # as bench read it as the run began), in place of ``slots_used``'s fresh-server guess
+    slot_history: tuple[int, ...] = ()
 
     @property
     def prefills_alone(self) -> bool:
@@ -138,6 +141,16 @@ class EngineConfig:
                                   f"{self.slots_used!r}")
         if self.slots_used and not self.slot_streams:
             raise SpeedlimitError("slots_used describes llama-server's slots before the run: it needs slot_streams=1")
+        history = self.slot_history
+        if not isinstance(history, tuple) or len(history) > self.slots or len(set(history)) != len(history) \
+                or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self.slots for s in history):
+            raise SpeedlimitError(f"slot_history must name distinct slots between 0 and {self.slots - 1}, least recently "
+                                  f"used first (e.g. slot_history=7/6), got {history!r}")
+        if history and not self.slot_streams:
+            raise SpeedlimitError("slot_history describes llama-server's slots before the run: it needs slot_streams=1")
+        if history and self.slots_used:
+            raise SpeedlimitError("give slots_used or slot_history, not both: each says which slots were used before "
+                                  "the run")
         if self.slot_streams and (self.mode != "continuous" or self.prefills_alone):
             raise SpeedlimitError("slot streams are llama.cpp's server's --parallel slots: they need the continuous "
                                   "scheduler with mixed steps (chunked prefill, no prefill-first)")
@@ -461,8 +474,11 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
     streams = engine.slot_streams
     slot_of: dict[int, int] = {}
     released_at: list[float] = [-1.0] * (slots if streams else 0)
-    for used in range(engine.slots_used if streams else 0):  # one warm-up at a time: slot N-1, then N-2, ...
-        released_at[slots - 1 - used] = -0.5 + used * 1e-6
+    # before the run, least recently used first: the server's own account, else slots_used's warm-ups on a fresh
+    # server, one at a time (slot N-1, then N-2, ...)
+    history = engine.slot_history or tuple(range(slots - 1, slots - 1 - engine.slots_used, -1))
+    for order, used in enumerate(history if streams else ()):
+        released_at[used] = -0.5 + order * 1e-6
     free_slots: set[int] = set(range(slots)) if streams else set()
     slot_log: list[int] = []  # the slot of each admission, in order (llama-server logs the same: "launch_slot_: id N")
 
