@@ -103,8 +103,8 @@ def test_the_servers_slot_history_sets_which_slots_the_run_takes():
     assert told.extra["slots"] == guessed.extra["slots"] and told.end_times == guessed.end_times
 
 
-@pytest.mark.parametrize("history, why", [((8,), "slot_history"), ((1, 1), "slot_history"), ((-1,), "slot_history"),
-                                          ([1], "slot_history"), ((True,), "slot_history")])
+@pytest.mark.parametrize("history, why", [((8,), "names slot 8, but the engine has 8 slots"), ((1, 1), "twice"),
+                                          ((-1,), "names slot -1"), ([1], "slot numbers"), ((True,), "slot numbers")])
 def test_a_slot_history_names_distinct_slots_of_the_engine(history, why):
     with pytest.raises(SpeedlimitError, match=why):
         EngineConfig(max_seqs=8, slot_streams=True, slot_history=history).check()
@@ -153,3 +153,20 @@ def test_simulate_slot_streams_on_the_command_line():
     assert "slot_streams" not in plain.get("summary", plain)["engine"]
     assert summary["output_tok_s"] <= plain.get("summary", plain)["output_tok_s"] * (1 + 1e-9)
     assert math.isfinite(summary["output_tok_s"])
+
+
+@pytest.mark.parametrize("spec, why", [
+    ("slots_used=1", "needs slot_streams=1"), ("slot_streams=1,slot_history=2/2", "twice"),
+    ("continuous,max_seqs=4,slot_streams=1,slot_history=5", "has 4 slots"), ("serial,slot_streams=1", "slot streams"),
+    ("slot_streams=1,slot_history=1,slots_used=2", "not both"),
+])
+def test_a_replay_spec_that_describes_no_server_fails_before_the_run(spec, why):
+    """bench --compare-estimate checks its --replay-engine before it sends a request; what needs the server's slot
+    count waits for the replay."""
+    from speedlimit.simulator.api import check_engine_spec
+
+    with pytest.raises(SpeedlimitError, match=why):
+        check_engine_spec(spec)
+    for fine in ("max_batched_tokens=2048", "slot_streams=1,slot_history=700/3", None,
+                 "continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192,slot_streams=1,slots_used=1"):
+        assert check_engine_spec(fine) == parse_engine_spec(fine)

@@ -149,10 +149,10 @@ def bench_command(
     if compare_estimate:  # fail before the run, not after it
         from speedlimit.catalog import resolve_hardware, resolve_model
 
-        from speedlimit.simulator import parse_engine_spec
+        from speedlimit.simulator.api import check_engine_spec
 
         resolve_hardware(hardware)
-        parse_engine_spec(replay_engine)
+        check_engine_spec(replay_engine)
         if estimate_model:
             resolve_model(estimate_model)
         if engine is not None:

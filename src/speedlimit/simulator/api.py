@@ -833,6 +833,22 @@ def parse_engine_spec(text: str | None) -> dict[str, Any]:
     return options
 
 
+def check_engine_spec(text: str | None) -> dict[str, Any]:
+    """``text`` parsed (`parse_engine_spec`) and checked as far as it can be before a run: the scheduler the options
+    describe on as many slots as they name (else the most `EngineConfig.check` takes), so that options which cannot
+    describe any server (slots_used without slot_streams, a slot named twice in slot_history) fail before bench
+    sends a request, not at the replay after it. What depends on the server (its slot count) is checked at the
+    replay."""
+    options = parse_engine_spec(text)
+    mode = options.get("mode") or "continuous"
+    slots = options.get("max_seqs") or (1 if mode == "serial" else 10_000_000)
+    # the token budget is the profile's or the server's until the replay: not checked here
+    EngineConfig(mode=mode, max_seqs=slots, max_batched_tokens=max(options.get("max_batched_tokens") or 0, slots),
+                 chunked_prefill=options.get("chunked_prefill", True), slot_streams=bool(options.get("slot_streams")),
+                 slots_used=options.get("slots_used", 0), slot_history=options.get("slot_history", ())).check()
+    return options
+
+
 def replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None, prefix_tokens: int = 0,
                     prefix_groups: int = 1) -> Workload:
     """The workload a measured run sent: each completed request's prompt and output tokens, and the same load

@@ -142,10 +142,15 @@ class EngineConfig:
         if self.slots_used and not self.slot_streams:
             raise SpeedlimitError("slots_used describes llama-server's slots before the run: it needs slot_streams=1")
         history = self.slot_history
-        if not isinstance(history, tuple) or len(history) > self.slots or len(set(history)) != len(history) \
-                or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self.slots for s in history):
-            raise SpeedlimitError(f"slot_history must name distinct slots between 0 and {self.slots - 1}, least recently "
-                                  f"used first (e.g. slot_history=7/6), got {history!r}")
+        if not isinstance(history, tuple) or any(isinstance(s, bool) or not isinstance(s, int) for s in history):
+            raise SpeedlimitError(f"slot_history must be slot numbers, least recently used first (e.g. "
+                                  f"slot_history=7/6), got {history!r}")
+        if len(set(history)) != len(history):
+            raise SpeedlimitError(f"slot_history names a slot twice ({'/'.join(map(str, history))}): each slot was "
+                                  "last used once")
+        if any(not 0 <= s < self.slots for s in history):
+            raise SpeedlimitError(f"slot_history names slot {next(s for s in history if not 0 <= s < self.slots)}, but "
+                                  f"the engine has {self.slots} slot{'s' if self.slots > 1 else ''} (0-{self.slots - 1})")
         if history and not self.slot_streams:
             raise SpeedlimitError("slot_history describes llama-server's slots before the run: it needs slot_streams=1")
         if history and self.slots_used:
