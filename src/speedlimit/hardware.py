@@ -118,6 +118,12 @@ class Hardware(BaseModel):
     # [decode, prefill] FLOP/s per busy core of llama.cpp's CPU attention kernel, where the verify run calibrate fitted
     # priced it apart at fold C's rates (its steps then pay the kernel as the fit did: `core.attention_kernel_seconds`)
     attention_flops_per_core: tuple[float, float] | None = None
+    # CPUs a verify run measured: the engine profile whose llama.cpp CPU kernel rates the run's build is priced with
+    # (`verify.run.kernel_profile_for`) and the GGUF tensor type of the model it ran. A profile calibrated from that run
+    # fitted one FLOP/s for that type; it prices another type at that rate times the two types' measured kernel rates'
+    # ratio (`estimator.api.calibrated_kernel_transfer`)
+    kernel_profile: str | None = Field(None, max_length=100)
+    kernel_type: str | None = Field(None, max_length=40)
     calibrated_at: str | None = None
     calibrated_from: list[str] = Field(default_factory=list)
     # CPUs only (None elsewhere): the memory layout one process's threads see. memory_bandwidth_Bps is the whole

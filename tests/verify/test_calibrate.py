@@ -148,6 +148,42 @@ def test_calibrate_saves_profile_that_estimate_uses(cli, tmp_path: Path, isolate
     assert estimate["step_overhead_s"] == pytest.approx(0.003, rel=1e-3)
 
 
+def test_a_profile_calibrated_on_one_type_prices_another_at_their_kernel_rates_ratio(cli, tmp_path: Path,
+                                                                                     isolated_config: Path) -> None:
+    """A verify run names its build's kernel profile and its model's tensor type; the profile fitted one FLOP/s for
+    that type (q4_1 here) and keeps both names. The calibrated type is priced as before; another type's matmuls run
+    at that FLOP/s times the ratio of its kernel rate to q4_1's in the build's profile (fold C), at one token a step
+    and at the prefill size."""
+    from speedlimit.catalog import resolve_engine
+
+    result = verify_result(synthetic_points(0.45, 0.35, 0.003))
+    result["engine"] = {"name": "llama-cpp-python", "threads": 2, "kernel_profile": "llama-cpp-cpu-intel"}
+    result["model"] = {"path": "m.gguf", "name": "m", "file_type": "q4_1"}
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(result))
+    assert cli(["calibrate", str(path), "--name", "typed", "--json"]).returncode == 0
+    typed = load_profile_hardware("typed")
+    assert (typed.kernel_profile, typed.kernel_type) == ("llama-cpp-cpu-intel", "q4_1")
+    del result["engine"]  # a run that named no kernel profile: one flat FLOP/s for every type, as before
+    path.write_text(json.dumps(result))
+    assert cli(["calibrate", str(path), "--name", "flat", "--json"]).returncode == 0
+    assert load_profile_hardware("flat").kernel_profile is None
+
+    def priced(hardware: str, weights: str, prompt: int) -> dict:
+        done = cli(["estimate", "-m", "llama-3.1-8b", "--hardware", hardware, "--weights", weights, "--prompt",
+                    str(prompt), "--output", "2", "--json"])
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert priced("typed", "q4_1", 600)["ttft_s"] == priced("flat", "q4_1", 600)["ttft_s"]
+    rates = resolve_engine("llama-cpp-cpu-intel").kernel_rates.value
+    q4_1, q4_0 = priced("typed", "q4_1", 600), priced("typed", "q4_0", 600)
+    assert "q4_0 matmuls at the calibrated q4_1 FLOP/s" in q4_0["efficiency_basis"]
+    # a 600-token prefill of an 8B model on a 100 GFLOP/s machine: its matmuls dwarf the rest
+    assert q4_1["ttft_s"] / q4_0["ttft_s"] == pytest.approx(rates["q4_0"][1] / rates["q4_1"][1], rel=0.02)
+    assert priced("flat", "q4_0", 600)["ttft_s"] == pytest.approx(q4_1["ttft_s"], rel=0.02)  # flat: one rate
+
+
 def test_profile_keeps_the_measured_one_thread_and_all_thread_bandwidth(cli, tmp_path: Path, isolated_config: Path) -> None:
     result = verify_result(synthetic_points(0.45, 0.35, 0.003))
     result["bandwidth"] = {"single_thread_Bps": 0.6 * BANDWIDTH}  # 1 thread streams 60% of what 2 do

@@ -210,6 +210,13 @@ def test_a_cpu_sweep_is_priced_as_estimate_prices_it(tmp_path: Path, monkeypatch
     long_truth = estimate(CPU_MODEL, CPU, weights=CPU_WEIGHTS, prompt=8192, output=32)
     assert estimate(CPU_MODEL, "cpudeploy", weights=CPU_WEIGHTS, prompt=8192, output=32).ttft_s == pytest.approx(
         long_truth.ttft_s, rel=0.03)
+    # the fitted FLOP/s is for the sweep's q4_0: the profile names it and the kernels that priced the prior, and prices
+    # another type at their measured rates' ratio (here q8_0's prefill against q4_0's)
+    profile = resolve_hardware("cpudeploy")
+    assert (profile.kernel_profile, profile.kernel_type) == (step.engine.key, "q4_0")
+    other = estimate(CPU_MODEL, "cpudeploy", weights="q8_0", prompt=512, output=2)
+    assert other.calibrated_kernels == "q4_0" and other.calibrated_kernel_factors[1] == pytest.approx(
+        step.engine.kernel_rate("q8_0")[1] / step.engine.kernel_rate("q4_0")[1])
 
 
 def _request(start: float, ttft: float, gaps: list[float], prompt: int = 100):

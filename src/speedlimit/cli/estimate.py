@@ -161,8 +161,14 @@ def _caption(result: Estimate) -> str:
               if result.experts_as_matvecs else "")
     attention = (f", attention at its measured kernel rate ({format_seconds(result.attention_kernel_s)} a decode step)"
                  if result.attention_kernel_s > 0 else "")
+    carried = ""
+    if result.calibrated_kernel_factors:  # a calibrated CPU profile's FLOP/s carried to another type's kernels
+        one, prefill = result.calibrated_kernel_factors
+        carried = (f" as calibrated on {result.calibrated_kernels}"
+                   + (f", x {one:.2f} (1 token) / {prefill:.2f} (prefill) for these weights' kernels"
+                      if (one, prefill) != (1.0, 1.0) else ""))
     matmuls = (f"matmuls at llama.cpp's measured {result.cpu_kernels} CPU kernel rates{scaled}{routed}"
-               if result.cpu_kernels else f"{result.flops_efficiency:.0%} of peak FLOP/s") + attention
+               if result.cpu_kernels else f"{result.flops_efficiency:.0%} of peak FLOP/s{carried}") + attention
     # the kernels' clause leads the basis; the caption names them already, so it shows the rest
     basis = result.efficiency_basis.split("; ", 1)[-1] if result.cpu_kernels else result.efficiency_basis
     experts = (f" (the routed experts {result.moe_bandwidth_efficiency:.0%} from {result.moe_bandwidth_tokens:,.0f} tokens "

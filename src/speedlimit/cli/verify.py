@@ -534,7 +534,12 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
         problem = f"not saved: {refusal}; pass --force to save it anyway"
     else:
         try:
-            saved = save_profile(name, deployment_record(name, base, fit, step.engine.key, [str(path)], kernel), out)
+            # the kernels whose rates priced the prior, and the weights' type the fitted FLOP/s is for
+            types = ((step.engine.key, step.kernel_rate.tensor_type) if step.kernel_rate is not None else
+                     (base.kernel_profile, step.kernel_transfer[3]) if step.kernel_transfer and base.kernel_profile
+                     else None)
+            saved = save_profile(name, deployment_record(name, base, fit, step.engine.key, [str(path)], kernel, types),
+                                 out)
         except OSError as error:
             problem = f"{write_error(out or profile_path(name), error, 'the profile')}; pass --out FILE to write it elsewhere"
     if json_output:

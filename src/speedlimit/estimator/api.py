@@ -92,6 +92,10 @@ class Estimate(Artifact):
     experts_as_matvecs: bool = False
     # the routed experts' tensor type where its kernel rates price them apart from `cpu_kernels`' (MXFP4_MOE: mxfp4)
     cpu_expert_kernels: str | None = None
+    # a profile calibrated on one GGUF tensor type (`Hardware.kernel_type`): that type, and these weights' matmul rate
+    # relative to the calibrated FLOP/s at one token a step and at the prefill size (their kernel rates' ratio, fold C)
+    calibrated_kernels: str | None = None
+    calibrated_kernel_factors: list[float] | None = None
     sequence_overhead_s: float = 0.0  # the engine's cost per running sequence per step
     # 1: the step costs the larger of its stream and its arithmetic (the roofline); below 1, a calibrated profile found
     # they overlap only that far (0: they add)
@@ -369,6 +373,9 @@ class StepModel(NamedTuple):
     # `peak_flops` (which stay the kind's fraction of the dtype's peak: what a calibrated profile is relative to)
     kernel_rate: KernelRate | None = None
     kernels_per_step: float = 0.0  # kernels one decode step launches (`EngineProfile.decode_kernels`)
+    # a calibrated CPU profile's FLOP/s carried to these weights (`calibrated_kernel_transfer`): (the calibrated type,
+    # the 1-token factor, the prefill factor, these weights' type)
+    kernel_transfer: tuple[str, float, float, str] | None = None
 
     @property
     def flops_efficiency(self) -> float:
@@ -464,6 +471,14 @@ def resolve(scenario: Scenario) -> StepModel:
     rate = None if scenario.ideal or scenario.compute is not None else cpu_kernel_rate(
         engine, device, kernel_types(arch, weights, engine), reach, scenario)
     priced_efficiency, priced_peak = efficiency, peak_flops
+    transfer = (None if rate is not None or scenario.ideal or scenario.compute is not None
+                or scenario.flops_efficiency is not None else calibrated_kernel_transfer(device, arch, weights))
+    if transfer is not None:  # a calibrated CPU's fitted FLOP/s, carried to these weights' kernels
+        terms.update(gemm_tokens_small=1.0, gemm_factor_small=transfer[0],
+                     gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=transfer[1])
+        if arch.n_experts and transfer[2] is not None:
+            terms["moe_factor"] = transfer[2]
+        efficiency = efficiency.model_copy(update={"basis": f"{efficiency.basis}; {transfer[3]}"})
     if rate is not None:  # the kernels' measured rate replaces the kind's fraction of the dtype's peak
         efficiency = efficiency.model_copy(update={"basis": f"{rate.basis}; {efficiency.basis}"})
         priced_efficiency, priced_peak = efficiency.model_copy(update={"flops_efficiency": 1.0}), rate.peak_flops
@@ -489,7 +504,8 @@ def resolve(scenario: Scenario) -> StepModel:
     if not scenario.ideal:
         machine = machine._replace(**terms, **dequantize_terms(engine, cost, bits, machine))
     return StepModel(arch, device, cost, machine, efficiency, weights_name, bits, kv.name, compute_dtype, scenario.tp,
-                     scenario.ideal, engine, peak_flops, reach, rate, kernels)
+                     scenario.ideal, engine, peak_flops, reach, rate, kernels,
+                     (device.kernel_type, transfer[0], transfer[1], transfer[4]) if transfer is not None else None)
 
 
 # weights stored at fewer bits per parameter than this are a quantized type: the widest GGUF quantized type, q8_0,
@@ -579,6 +595,39 @@ def cpu_kernel_rate(engine: EngineProfile, device: Hardware, types: tuple[str, s
              f"{clock / 1e9:.2f} GHz with {busy:g} core{'s' if busy != 1 else ''} busy")
     return KernelRate(tensor_type, 2.0 * fastest * clock * topology.cores, decode / fastest, prefill / fastest, clock, basis,
                       scaling, expert_decode / fastest, expert_type)
+
+
+def calibrated_kernel_transfer(device: Hardware, arch: Architecture, weights: Precision | WeightFormats | None
+                               ) -> tuple[float, float, float | None, str, str] | None:
+    """A profile calibrated on a verify run fitted one FLOP/s, for the tensor type of the model it ran
+    (`Hardware.kernel_type`) on the build whose kernel rates `Hardware.kernel_profile` names. These weights' matmuls
+    run at that FLOP/s times the ratio of their own kernel rate to the calibrated type's, as that profile measured
+    both (fold C), at one token a step and at its prefill size (the GEMM curve between, as `core.gemm_factor` reads
+    it); the routed experts, where that build multiplies them as matrix-vector products, at their 1-token rate's
+    ratio. Returns (1-token factor, prefill factor, expert factor or None, the basis, these weights' tensor type), the
+    factors relative to the calibrated FLOP/s: 1, 1, 1 for the calibrated type itself. None where there is nothing to carry over (no such
+    profile, or a type it did not measure: the calibrated FLOP/s then prices the weights flat)."""
+    if device.calibrated_at is None or device.flops_efficiency is None or not device.kernel_profile \
+            or not device.kernel_type:
+        return None
+    try:
+        engine = resolve_engine(device.kernel_profile)
+    except SpeedlimitError:
+        return None
+    types = kernel_types(arch, weights, engine)
+    calibrated = engine.kernel_rate(device.kernel_type)
+    if types is None or calibrated is None:
+        return None
+    tensor_type, expert_type = types
+    own, experts = engine.kernel_rate(tensor_type), engine.kernel_rate(expert_type)
+    if own is None or experts is None:
+        return None
+    factors = (own[0] / calibrated[0], own[1] / calibrated[1])
+    expert = experts[0] / calibrated[0] if engine.experts_as_matvecs else None
+    basis = (f"{tensor_type} matmuls at the calibrated {device.kernel_type} FLOP/s x {factors[0]:.3g} (1 token) / "
+             f"{factors[1]:.3g} (prefill): the ratio of their kernel rates in {engine.name} (catalog/engines.toml "
+             f"kernel_rates, {engine.kernel_rates.basis})")
+    return factors[0], factors[1], expert, basis, tensor_type
 
 
 def cpu_attention_flops(engine: EngineProfile, rate: KernelRate, reach: BandwidthReach,
@@ -864,6 +913,9 @@ def estimate_scenario(scenario: Scenario) -> Estimate:
         experts_as_matvecs=bool(resolved.kernel_rate and not ideal and cost.n_experts and not math.isnan(machine.moe_factor)),
         cpu_expert_kernels=(resolved.kernel_rate.expert_type if resolved.kernel_rate and not ideal
                             and resolved.kernel_rate.expert_type != resolved.kernel_rate.tensor_type else None),
+        calibrated_kernels=resolved.kernel_transfer[0] if resolved.kernel_transfer and not ideal else None,
+        calibrated_kernel_factors=(list(resolved.kernel_transfer[1:3]) if resolved.kernel_transfer and not ideal
+                                   else None),
         sequence_overhead_s=float(machine.sequence_overhead_s),
         stream_compute_overlap=float(machine.stream_compute_overlap),
         attention_kernel_s=float(core.attention_kernel_seconds(cost, machine, micro)),

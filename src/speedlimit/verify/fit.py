@@ -517,7 +517,7 @@ def measured_machine(result: VerifyResult, source: str) -> tuple[Hardware, list[
             vendor="measured", kind="cpu", memory_bandwidth_Bps=measured_Bps * nodes,
             memory_bytes=result.machine.memory_bytes,
             flops={"fp32": result.measured_flops} if result.measured_flops else {},
-            source=f"speedlimit verify ({source})", notes=basis, **fields)
+            source=f"speedlimit verify ({source})", notes=basis, **fields, **_kernel_fields(result))
         attention = _attention_flops(result)
         if attention is not None and threads:
             # per busy core of this layout at the run's threads (hyperthreads add none), so that the profile prices
@@ -531,6 +531,16 @@ def measured_machine(result: VerifyResult, source: str) -> tuple[Hardware, list[
     except ValidationError as error:
         raise SpeedlimitError(f"{source}: the measured machine is unusable ({pydantic_message(error)})") from None
     return hardware, notes
+
+
+def _kernel_fields(result: VerifyResult) -> dict[str, str]:
+    """The build's CPU kernel profile and the model's main GGUF tensor type, where verify named a kernel profile for
+    the build and the model's file type has one (`Hardware.kernel_profile`, `Hardware.kernel_type`)."""
+    from speedlimit.precision import main_tensor_type
+
+    profile = result.engine.kernel_profile if result.engine else None
+    tensor_type = main_tensor_type(result.model.file_type) if result.model and result.model.file_type else None
+    return {"kernel_profile": profile, "kernel_type": tensor_type} if profile and tensor_type else {}
 
 
 #: The CPU layout fields a profile carries over from the hardware it was calibrated on.
@@ -556,6 +566,9 @@ def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list
         # the attention kernel the points paid apart (a verify run's, at fold C's rates): the profile's steps pay it too
         **({"attention_flops_per_core": list(base.attention_flops_per_core)}
            if base.attention_flops_per_core and any(point.attention_s for point in fit.points) else {}),
+        # the build's kernel rates and the type the fitted FLOP/s is for: other types at their measured ratio
+        **({"kernel_profile": base.kernel_profile, "kernel_type": base.kernel_type}
+           if base.kernel_profile and base.kernel_type and fit.flops_efficiency else {}),
         "base_hardware": base.key,
         "source": base.source or "speedlimit calibrate",
         "calibrated_from": sources,
@@ -1000,11 +1013,14 @@ def shared_prompts_note(runs: list[RunSummary]) -> str | None:
 
 
 def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str, sources: list[str],
-                      attention_flops_per_core: tuple[float, float] | None = None) -> dict[str, Any]:
+                      attention_flops_per_core: tuple[float, float] | None = None,
+                      kernel: tuple[str, str] | None = None) -> dict[str, Any]:
     """The profile TOML record of a deployment fit (`save_profile` writes it; `--hardware NAME` reads it), with the
-    attention kernel's (decode, prefill) FLOP/s per busy core where its points paid the kernel apart."""
+    attention kernel's (decode, prefill) FLOP/s per busy core where its points paid the kernel apart, and ``kernel``:
+    (the engine profile whose CPU kernel rates priced the prior, the tensor type of the weights the sweep ran), so
+    that other types are priced at their rates' ratio (`Hardware.kernel_type`)."""
     params = fit.fitted
-    kernel = attention_flops_per_core if any(point.attention_s for point in fit.points) else None
+    attention = attention_flops_per_core if any(point.attention_s for point in fit.points) else None
     return {
         "key": name,
         "name": f"{name} (calibrated on {base.name}, {engine})",
@@ -1018,7 +1034,8 @@ def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str
         "step_overhead_s": round(params.step_overhead_s, 7),
         "sequence_overhead_s": round(params.sequence_overhead_s, 9),
         "stream_compute_overlap": params.stream_compute_overlap,
-        **({"attention_flops_per_core": list(kernel)} if kernel else {}),
+        **({"attention_flops_per_core": list(attention)} if attention else {}),
+        **({"kernel_profile": kernel[0], "kernel_type": kernel[1]} if kernel else {}),
         "base_hardware": base.key,
         "engine": engine,
         "source": base.source or "speedlimit calibrate",
