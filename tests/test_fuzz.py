@@ -411,8 +411,10 @@ def test_calibrate_any_layout(isolated: Path, key: str, value: object, nodes: in
 @given(record=st.dictionaries(st.sampled_from(["memory_bandwidth_Bps", "bw_efficiency", "flops_efficiency", "step_overhead_s",
                                                "kernel_overhead_s", "name", "kind", "flops", "calibrated_at",
                                                "calibrated_from", "memory_bytes", "sequence_overhead_s",
-                                               "stream_compute_overlap", "attention_flops_per_core", "cores_per_socket"]),
+                                               "stream_compute_overlap", "attention_flops_per_core", "cores_per_socket",
+                                               "kernel_profile", "kernel_type"]),
                               st.one_of(st.floats(allow_nan=True), st.integers(-(2**63), 2**63 - 1), TEXT,
+                                        st.sampled_from(["llama-cpp-cpu-intel", "q4_1", "vllm", "2026-12-06"]),
                                         st.lists(st.integers(), max_size=2),
                                         st.lists(st.floats(allow_nan=True), max_size=3)), max_size=4))
 def test_estimate_on_any_profile(isolated: Path, record: dict) -> None:
@@ -424,6 +426,26 @@ def test_estimate_on_any_profile(isolated: Path, record: dict) -> None:
     lines = [f"{key} = {_toml_value(value)}" for key, value in full.items()]
     (profiles / "box.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     check(invoke("estimate", "-m", "smollm2-135m", "-H", "box", "--json"))
+
+
+@FUZZ
+@given(kernel_profile=st.one_of(st.sampled_from(["llama-cpp-cpu-intel", "llama-cpp-cpu", "vllm", "mlx"]), TEXT),
+       kernel_type=st.one_of(st.sampled_from(["q4_1", "q4_0", "f16", "mxfp4", "fp8"]), TEXT),
+       weights=st.sampled_from(["q4_0", "q8_0", "f16", "fp8", "mxfp4", "experts=mxfp4,default=q8_0", "int4"]))
+def test_estimate_on_a_calibrated_profile_of_any_kernel_type(isolated: Path, kernel_profile: str, kernel_type: str,
+                                                             weights: str) -> None:
+    """A calibrated CPU profile names the kernels and the type it was fitted on (`Hardware.kernel_profile`,
+    `kernel_type`): any names, any weights, an estimate or one error line."""
+    from speedlimit.catalog.profiles import _toml_value
+
+    profiles = isolated / "config" / "profiles"
+    profiles.mkdir(parents=True, exist_ok=True)
+    record = {"memory_bandwidth_Bps": 20e9, "flops": {"fp32": 1e11}, "kind": "cpu", "flops_efficiency": 0.3,
+              "calibrated_at": "2026-12-06T05:00:00+00:00", "kernel_profile": kernel_profile, "kernel_type": kernel_type}
+    lines = [f"{key} = {_toml_value(value)}" for key, value in record.items()]
+    (profiles / "box.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    check(invoke("estimate", "-m", "gpt-oss-20b", "-H", "box", "--weights", weights, "--json"))
+    check(invoke("estimate", "-m", "smollm2-135m", "-H", "box", "--weights", weights))
 
 
 HOSTILE_NUMBERS = st.one_of(JSON_VALUES, st.sampled_from([0, -1, 1e-320, 1e308, 2**63, -(2**63), 1e-9]))
