@@ -118,10 +118,10 @@ class Hardware(BaseModel):
     # [decode, prefill] FLOP/s per busy core of llama.cpp's CPU attention kernel, where the verify run calibrate fitted
     # priced it apart at fold C's rates (its steps then pay the kernel as the fit did: `core.attention_kernel_seconds`)
     attention_flops_per_core: tuple[float, float] | None = None
-    # CPUs a verify run measured: the engine profile whose llama.cpp CPU kernel rates the run's build is priced with
-    # (`verify.run.kernel_profile_for`) and the GGUF tensor type of the model it ran. A profile calibrated from that run
-    # fitted one FLOP/s for that type; it prices another type at that rate times the two types' measured kernel rates'
-    # ratio (`estimator.api.calibrated_kernel_transfer`)
+    # CPUs: the engine profile whose llama.cpp CPU kernel rates price the build that ran (a verify run's,
+    # `verify.run.kernel_profile_for`; a sweep's prior's) and the GGUF tensor type of the model it ran. A profile
+    # calibrated on that run fitted one FLOP/s for that type; it prices another type at that FLOP/s times the two
+    # types' measured kernel rates' ratio (`estimator.api.calibrated_kernel_transfer`)
     kernel_profile: str | None = Field(None, max_length=100)
     kernel_type: str | None = Field(None, max_length=40)
     calibrated_at: str | None = None

@@ -472,7 +472,9 @@ def resolve(scenario: Scenario) -> StepModel:
         engine, device, kernel_types(arch, weights, engine), reach, scenario)
     priced_efficiency, priced_peak = efficiency, peak_flops
     transfer = (None if rate is not None or scenario.ideal or scenario.compute is not None
-                or scenario.flops_efficiency is not None else calibrated_kernel_transfer(device, arch, weights))
+                or scenario.flops_efficiency is not None
+                or engine.kernel_rates is None or not engine.kernel_rates.value  # llama.cpp's CPU builds only
+                else calibrated_kernel_transfer(device, arch, weights))
     if transfer is not None:  # a calibrated CPU's fitted FLOP/s, carried to these weights' kernels
         terms.update(gemm_tokens_small=1.0, gemm_factor_small=transfer[0],
                      gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=transfer[1])
@@ -605,8 +607,8 @@ def calibrated_kernel_transfer(device: Hardware, arch: Architecture, weights: Pr
     both (fold C), at one token a step and at its prefill size (the GEMM curve between, as `core.gemm_factor` reads
     it); the routed experts, where that build multiplies them as matrix-vector products, at their 1-token rate's
     ratio. Returns (1-token factor, prefill factor, expert factor or None, the basis, these weights' tensor type), the
-    factors relative to the calibrated FLOP/s: 1, 1, 1 for the calibrated type itself. None where there is nothing to carry over (no such
-    profile, or a type it did not measure: the calibrated FLOP/s then prices the weights flat)."""
+    factors relative to the calibrated FLOP/s: 1, 1, 1 for the calibrated type itself. None where there is nothing to
+    carry over (no such profile, or a type it did not measure: the calibrated FLOP/s then prices the weights flat)."""
     if device.calibrated_at is None or device.flops_efficiency is None or not device.kernel_profile \
             or not device.kernel_type:
         return None
