@@ -47,9 +47,11 @@ def engine_spec(engine: str, fresh_server: bool, summary: Any = None) -> str:
     earlier requests had used (bench records them: `EngineConfig.slot_history`), else, on a fresh server, the top
     slot the warm-up request took (so the server's LRU hands the run the never-used ones first:
     `EngineConfig.slots_used`)."""
+    from speedlimit.simulator.api import slot_history_option
+
     history = getattr(getattr(summary, "server", None), "slot_history", None)
     if engine == "llama-server" and history:
-        return f"{ENGINE_SPECS[engine]},slot_history={'/'.join(str(slot) for slot in history)}"
+        return f"{ENGINE_SPECS[engine]},{slot_history_option(history)}"
     if engine == "llama-server" and fresh_server:
         return f"{ENGINE_SPECS[engine]},slots_used={WARMUP_REQUESTS}"
     return ENGINE_SPECS[engine]

@@ -183,6 +183,7 @@ def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tupl
     without one (the engine's own scheduler); a serial spec takes no cap on sequences. Returns (spec, what was taken,
     keyed as the comparison's inputs record it)."""
     from speedlimit.simulator import parse_engine_spec
+    from speedlimit.simulator.api import slot_history_option
 
     given = parse_engine_spec(engine)
     options: list[str] = []
@@ -201,7 +202,7 @@ def with_server_engine(engine: str | None, server: ServerMetrics | None) -> tupl
     if history and given.get("slot_streams") and "slots_used" not in given and "slot_history" not in given \
             and given.get("max_seqs", server.slots) == server.slots:
         # which slots the run's requests get, and so how a step splits into passes (`EngineConfig.slot_history`)
-        options.append("slot_history=" + "/".join(str(slot) for slot in history))
+        options.append(slot_history_option(history))
         taken["slots_used_from_server"] = float(len(history))
     if not options:
         return engine, {}

@@ -809,6 +809,12 @@ ENGINE_SPEC_KEYS = {"max_seqs": int, "max_batched_tokens": int, "kv_tokens": int
                     "step_overhead": float, "sequence_overhead": float}
 
 
+def slot_history_option(history: Sequence[int]) -> str:
+    """The engine-spec option that says which slots were used before a run, least recently used first (the form
+    ``ENGINE_SPEC_KEYS['slot_history']`` parses)."""
+    return "slot_history=" + "/".join(str(slot) for slot in history)
+
+
 def parse_engine_spec(text: str | None) -> dict[str, Any]:
     """'continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192' or 'serial' -> engine options; a spec of
     options alone ('max_seqs=4') keeps the engine's own scheduler (``mode`` None: its profile's, else continuous)."""
