@@ -431,9 +431,12 @@ def test_estimate_on_any_profile(isolated: Path, record: dict) -> None:
 @FUZZ
 @given(kernel_profile=st.one_of(st.sampled_from(["llama-cpp-cpu-intel", "llama-cpp-cpu", "vllm", "mlx"]), TEXT),
        kernel_type=st.one_of(st.sampled_from(["q4_1", "q4_0", "f16", "mxfp4", "fp8"]), TEXT),
-       weights=st.sampled_from(["q4_0", "q8_0", "f16", "fp8", "mxfp4", "experts=mxfp4,default=q8_0", "int4"]))
+       weights=st.sampled_from(["q4_0", "q8_0", "f16", "fp8", "mxfp4", "experts=mxfp4,default=q8_0", "int4"]),
+       kernel_mix=st.one_of(st.none(), st.dictionaries(st.one_of(st.sampled_from(["q4_1", "q8_0", "f32"]), TEXT),
+                                                       st.one_of(st.floats(allow_nan=False), st.integers(-5, 10**30)),
+                                                       max_size=3)))
 def test_estimate_on_a_calibrated_profile_of_any_kernel_type(isolated: Path, kernel_profile: str, kernel_type: str,
-                                                             weights: str) -> None:
+                                                             weights: str, kernel_mix: dict | None) -> None:
     """A calibrated CPU profile names the kernels and the type it was fitted on (`Hardware.kernel_profile`,
     `kernel_type`): any names, any weights, an estimate or one error line."""
     from speedlimit.catalog.profiles import _toml_value
@@ -441,11 +444,13 @@ def test_estimate_on_a_calibrated_profile_of_any_kernel_type(isolated: Path, ker
     profiles = isolated / "config" / "profiles"
     profiles.mkdir(parents=True, exist_ok=True)
     record = {"memory_bandwidth_Bps": 20e9, "flops": {"fp32": 1e11}, "kind": "cpu", "flops_efficiency": 0.3,
-              "calibrated_at": "2026-12-06T05:00:00+00:00", "kernel_profile": kernel_profile, "kernel_type": kernel_type}
+              "calibrated_at": "2026-12-06T05:00:00+00:00", "kernel_profile": kernel_profile, "kernel_type": kernel_type,
+              **({"kernel_mix": kernel_mix} if kernel_mix is not None else {})}
     lines = [f"{key} = {_toml_value(value)}" for key, value in record.items()]
     (profiles / "box.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     check(invoke("estimate", "-m", "gpt-oss-20b", "-H", "box", "--weights", weights, "--json"))
     check(invoke("estimate", "-m", "smollm2-135m", "-H", "box", "--weights", weights))
+    check(invoke("estimate", "-H", "box"))  # the bundled file's own weights, its layers' types counted
 
 
 HOSTILE_NUMBERS = st.one_of(JSON_VALUES, st.sampled_from([0, -1, 1e-320, 1e308, 2**63, -(2**63), 1e-9]))

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from speedlimit.hardware import Hardware
 
 GIB = 2**30
+#: A tensor type holding less than this share of a file's matmul parameters may lack a measured kernel rate in a mix
+#: (`EngineProfile.mixed_kernel_rate`): its time is lost in the rounding of the others'.
+MIX_NEGLIGIBLE = 0.01
 # the prompt length at which a kernel_rates prefill figure is measured (llama-bench pp512)
 KERNEL_PREFILL_TOKENS = 512
 
@@ -304,6 +307,19 @@ class EngineProfile(BaseModel):
         rates = _value(self.kernel_rates) or {}
         pair = rates.get(tensor_type) if tensor_type else None
         return None if pair is None else (float(pair[0]), float(pair[1]))
+
+    def mixed_kernel_rate(self, mix: dict[str, float]) -> tuple[float, float] | None:
+        """(decode, prefill) MACs per cycle per thread of matmuls whose weights are spread over tensor types as ``mix``
+        says (type -> parameters): each type's share at its own kernel's rate, so the time adds (a harmonic mean).
+        Types under `MIX_NEGLIGIBLE` of the parameters without a measured rate (a router's f32) are left out; None
+        where a larger share has no measured rate."""
+        total = sum(mix.values())
+        rated = {t: (p, self.kernel_rate(t)) for t, p in mix.items() if p > 0}
+        if not total > 0 or any(pair is None and p >= MIX_NEGLIGIBLE * total for p, pair in rated.values()):
+            return None
+        shares = [(p, pair) for p, pair in rated.values() if pair is not None]
+        counted = sum(p for p, _ in shares)
+        return (counted / sum(p / pair[0] for p, pair in shares), counted / sum(p / pair[1] for p, pair in shares))
 
     def attention_rate(self) -> tuple[float, float] | None:
         """(decode, prefill) MACs per cycle per thread of its CPU attention kernel; None: not measured."""

@@ -92,10 +92,15 @@ def _architecture(reader: gguf.GGUFReader, path: Path) -> Architecture:
     embedding_bytes = lm_head_bytes = dense_bytes = expert_bytes = 0.0
     attention_params = 0.0  # the part of `dense` in attention projections (a per-group --weights prices it apart)
     types: Counter[str] = Counter()
+    # the layers' 2-D weights the matmuls read, the routed experts and the LM head apart (a prefill multiplies the LM
+    # head for one position only, and its table is often another type: Q8_0 or Q6_K)
+    matmul_types: Counter[str] = Counter()
     vocab = 0
     for tensor in reader.tensors:
         name, n_elements, n_bytes = tensor.name, float(tensor.n_elements), float(tensor.n_bytes)
         types[tensor.tensor_type.name.lower()] += int(n_elements)
+        if name.startswith("blk.") and name.endswith(".weight") and len(tensor.shape) >= 2 and "_exps" not in name:
+            matmul_types[tensor.tensor_type.name.lower()] += int(n_elements)
         if name == "token_embd.weight":
             embedding, embedding_bytes = n_elements, n_bytes
             vocab = int(max(tensor.shape))
@@ -160,7 +165,9 @@ def _architecture(reader: gguf.GGUFReader, path: Path) -> Architecture:
         decode_kernels=decode_kernels,
         source=str(path),
         weight_bytes=WeightBytes(
-            embedding=embedding_bytes, lm_head=lm_head_bytes, dense=dense_bytes, expert=expert_bytes, file_type=file_type
+            embedding=embedding_bytes, lm_head=lm_head_bytes, dense=dense_bytes, expert=expert_bytes, file_type=file_type,
+            matmul_type=matmul_types.most_common(1)[0][0] if matmul_types else "",
+            matmul_types=tuple((t, float(n)) for t, n in matmul_types.most_common()),
         ),
         attention_params=attention_params,
     ))

@@ -124,6 +124,8 @@ class Hardware(BaseModel):
     # types' measured kernel rates' ratio (`estimator.api.calibrated_kernel_transfer`)
     kernel_profile: str | None = Field(None, max_length=100)
     kernel_type: str | None = Field(None, max_length=40)
+    # that model's matmul tensors by type: type -> parameters (`WeightBytes.matmul_types`; None: not recorded)
+    kernel_mix: dict[str, float] | None = None
     calibrated_at: str | None = None
     calibrated_from: list[str] = Field(default_factory=list)
     # CPUs only (None elsewhere): the memory layout one process's threads see. memory_bandwidth_Bps is the whole

@@ -163,7 +163,16 @@ def test_a_profile_calibrated_on_one_type_prices_another_at_their_kernel_rates_r
     path.write_text(json.dumps(result))
     assert cli(["calibrate", str(path), "--name", "typed", "--json"]).returncode == 0
     typed = load_profile_hardware("typed")
-    assert (typed.kernel_profile, typed.kernel_type) == ("llama-cpp-cpu-intel", "q4_1")
+    assert (typed.kernel_profile, typed.kernel_type, typed.kernel_mix) == ("llama-cpp-cpu-intel", "q4_1", None)
+    # a verify run that recorded its layers' matmul weights by type: the profile keeps them, to count type by type
+    result["model"]["matmul_types"] = {"q4_1": 1.0e8, "q8_0": 3.0e7}
+    path.write_text(json.dumps(result))
+    assert cli(["calibrate", str(path), "--name", "mixed", "--json"]).returncode == 0
+    assert load_profile_hardware("mixed").kernel_mix == {"q4_1": 1.0e8, "q8_0": 3.0e7}
+    rates = resolve_engine("llama-cpp-cpu-intel").kernel_rates.value
+    mixed_prefill = 1.3e8 / (1.0e8 / rates["q4_1"][1] + 3.0e7 / rates["q8_0"][1])
+    carried = json.loads(cli(["estimate", "-m", "llama-3.1-8b", "--hardware", "mixed", "--weights", "q4_0", "--json"]).stdout)
+    assert carried["calibrated_kernel_factors"][1] == pytest.approx(rates["q4_0"][1] / mixed_prefill)
     del result["engine"]  # a run that named no kernel profile: one flat FLOP/s for every type, as before
     path.write_text(json.dumps(result))
     assert cli(["calibrate", str(path), "--name", "flat", "--json"]).returncode == 0

@@ -491,7 +491,7 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
     """`speedlimit calibrate RUN_DIR`: fit this deployment's profile on part of a bench sweep, score it on the rest."""
     from speedlimit.catalog import resolve_hardware
     from speedlimit.catalog.profiles import profile_path, profiles_dir, save_profile
-    from speedlimit.estimator.api import step_model
+    from speedlimit.estimator.api import file_matmul_mix, step_model
     from speedlimit.verify.fit import DeploymentParams, deployment_points, deployment_record, fit_deployment, sweep_levels
 
     profile_path(name)  # validate the name before any work
@@ -535,9 +535,10 @@ def _calibrate_deployment(path: Path, *, name: str, hardware: str | None, out: P
     else:
         try:
             # the kernels whose rates priced the prior, and the weights' type the fitted FLOP/s is for
-            types = ((step.engine.key, step.kernel_rate.tensor_type) if step.kernel_rate is not None else
-                     (base.kernel_profile, step.kernel_transfer[3]) if step.kernel_transfer and base.kernel_profile
-                     else None)
+            mix = file_matmul_mix(step.arch, None) if weights is None else None
+            types = ((step.engine.key, step.kernel_rate.tensor_type, mix) if step.kernel_rate is not None else
+                     (base.kernel_profile, step.kernel_transfer[3], mix)
+                     if step.kernel_transfer and base.kernel_profile else None)
             saved = save_profile(name, deployment_record(name, base, fit, step.engine.key, [str(path)], kernel, types),
                                  out)
         except OSError as error:

@@ -468,13 +468,14 @@ def resolve(scenario: Scenario) -> StepModel:
         cost = ideal_cost_model(cost, arch)
     kernels = engine.decode_kernels(arch.decode_kernels, arch.decode_linears, weights_dtype)
     reach = None if scenario.ideal else bandwidth_reach(device, scenario.threads, scenario.numa)
+    mix = file_matmul_mix(arch, weights)
     rate = None if scenario.ideal or scenario.compute is not None else cpu_kernel_rate(
-        engine, device, kernel_types(arch, weights, engine), reach, scenario)
+        engine, device, kernel_types(arch, weights, engine), reach, scenario, mix)
     priced_efficiency, priced_peak = efficiency, peak_flops
     transfer = (None if rate is not None or scenario.ideal or scenario.compute is not None
                 or scenario.flops_efficiency is not None
                 or engine.kernel_rates is None or not engine.kernel_rates.value  # llama.cpp's CPU builds only
-                else calibrated_kernel_transfer(device, arch, weights))
+                else calibrated_kernel_transfer(device, arch, weights, mix))
     if transfer is not None:  # a calibrated CPU's fitted FLOP/s, carried to these weights' kernels
         terms.update(gemm_tokens_small=1.0, gemm_factor_small=transfer[0],
                      gemm_tokens_large=float(KERNEL_PREFILL_TOKENS), gemm_factor_large=transfer[1])
@@ -536,10 +537,12 @@ def kernel_types(arch: Architecture, weights: Precision | WeightFormats | None,
                  engine: EngineProfile) -> tuple[str, str] | None:
     """(the dense matmuls' GGUF tensor type, the routed experts') whose CPU kernel rates price these weights, or None.
 
-    One format: its main tensor type for both. Per-group formats: every matmul group but the routed experts must share
+    One format: its main tensor type for both (a .gguf file's own: the type its matmul tensors mostly hold,
+    `WeightBytes.matmul_type`). Per-group formats: every matmul group but the routed experts must share
     one type, and the experts may keep another only where ``engine`` multiplies them as matrix-vector products
     (`EngineProfile.experts_as_matvecs`), so that they run at their own type's 1-token rate whatever the dense curve does
     (MXFP4_MOE: experts mxfp4, the rest q8_0; SOURCES.md, "Fold C amendment 7"); any other mix is None."""
+    own_file = weights is None
     if weights is None:  # a .gguf file's own type (its per-group spelling where it has one), else bf16
         try:
             weights = parse_weights(weights_label(arch, None))
@@ -547,6 +550,9 @@ def kernel_types(arch: Architecture, weights: Precision | WeightFormats | None,
             return None
     if not isinstance(weights, WeightFormats):
         tensor_type = main_tensor_type(weights.name)
+        if own_file and arch.weight_bytes is not None and arch.weight_bytes.matmul_type:
+            # the type the file's matmul tensors mostly hold, where llama-quantize fell back from its file type
+            tensor_type = main_tensor_type(arch.weight_bytes.matmul_type) or tensor_type
         return (tensor_type, tensor_type) if tensor_type else None
     used = [group for group, params in matmul_params_by_group(arch).items() if params > 0]
     dense = {main_tensor_type(weights[group].name) for group in used if group != "experts"}
@@ -561,8 +567,17 @@ def kernel_types(arch: Architecture, weights: Precision | WeightFormats | None,
     return (dense_type, experts) if engine.experts_as_matvecs else None
 
 
+def file_matmul_mix(arch: Architecture, weights: Precision | WeightFormats | None) -> dict[str, float] | None:
+    """A .gguf file's own weights (no --weights): its layers' matmul weights by tensor type
+    (`WeightBytes.matmul_types`: a K-quant mix's Q6_K tensors, the types llama-quantize fell back to; one type in
+    most files); None for any other weights."""
+    found = arch.weight_bytes.matmul_types if weights is None and arch.weight_bytes is not None else ()
+    return dict(found) if found else None
+
+
 def cpu_kernel_rate(engine: EngineProfile, device: Hardware, types: tuple[str, str] | None,
-                    reach: BandwidthReach | None, scenario: Scenario) -> KernelRate | None:
+                    reach: BandwidthReach | None, scenario: Scenario,
+                    mix: dict[str, float] | None = None) -> KernelRate | None:
     """The FLOP/s llama.cpp's CPU kernels reach for these weights on ``device`` with ``reach``'s cores busy, where
     the engine profile measured their tensor types (``types``: the dense matmuls', the routed experts', from
     `kernel_types`) and the catalog gives the CPU's clocks; None otherwise (then the CPU kind's fraction of the
@@ -571,13 +586,16 @@ def cpu_kernel_rate(engine: EngineProfile, device: Hardware, types: tuple[str, s
 
     A rate is multiply-accumulates per cycle per thread, so the machine's FLOP/s are 2 x rate x busy cores x their
     clock (`Hardware.core_clock_hz`); hyperthreads add none. Every factor is relative to the fastest rate used.
+    ``mix``: a file's matmul tensors by type (`file_matmul_mix`), priced each at its own type's rate where all are
+    measured (`EngineProfile.mixed_kernel_rate`).
     """
     topology = device.topology
     if (reach is None or topology is None or types is None or scenario.flops_efficiency is not None
             or (device.calibrated_at is not None and device.flops_efficiency is not None)):
         return None
     tensor_type, expert_type = types
-    pair, expert_pair = engine.kernel_rate(tensor_type), engine.kernel_rate(expert_type)
+    mixed = engine.mixed_kernel_rate(mix) if mix and len(mix) > 1 else None
+    pair, expert_pair = mixed or engine.kernel_rate(tensor_type), engine.kernel_rate(expert_type)
     busy = reach.core_fraction * topology.cores
     clock = device.core_clock_hz(busy)
     if pair is None or expert_pair is None or not math.isfinite(clock):
@@ -592,23 +610,28 @@ def cpu_kernel_rate(engine: EngineProfile, device: Hardware, types: tuple[str, s
               f", prefill x {scaling:.3g} at {busy:g} threads (prefill_thread_scaling, {engine.prefill_thread_scaling.basis})")
     experts = ("" if expert_type == tensor_type else
                f", the routed experts' {expert_type} kernel {expert_decode:.3g} (decode)")
-    basis = (f"{engine.name}'s {tensor_type} kernels: {decode:.3g} (decode) / {prefill:.3g} (prefill) MACs per cycle "
+    kinds = (f"{tensor_type} kernels" if mixed is None else
+             "kernels of the file's matmul tensors, each type at its own (" + ", ".join(
+                 f"{t} {p / sum(mix.values()):.0%}" for t, p in mix.items()) + ")")
+    basis = (f"{engine.name}'s {kinds}: {decode:.3g} (decode) / {prefill:.3g} (prefill) MACs per cycle "
              f"per thread{experts} (catalog/engines.toml kernel_rates, {engine.kernel_rates.basis}{scaled}) at "
              f"{clock / 1e9:.2f} GHz with {busy:g} core{'s' if busy != 1 else ''} busy")
     return KernelRate(tensor_type, 2.0 * fastest * clock * topology.cores, decode / fastest, prefill / fastest, clock, basis,
                       scaling, expert_decode / fastest, expert_type)
 
 
-def calibrated_kernel_transfer(device: Hardware, arch: Architecture, weights: Precision | WeightFormats | None
-                               ) -> tuple[float, float, float | None, str, str] | None:
+def calibrated_kernel_transfer(device: Hardware, arch: Architecture, weights: Precision | WeightFormats | None,
+                               mix: dict[str, float] | None = None) -> tuple[float, float, float | None, str, str] | None:
     """A profile calibrated on a verify run fitted one FLOP/s, for the tensor type of the model it ran
     (`Hardware.kernel_type`) on the build whose kernel rates `Hardware.kernel_profile` names. These weights' matmuls
     run at that FLOP/s times the ratio of their own kernel rate to the calibrated type's, as that profile measured
     both (fold C), at one token a step and at its prefill size (the GEMM curve between, as `core.gemm_factor` reads
     it); the routed experts, where that build multiplies them as matrix-vector products, at their 1-token rate's
-    ratio. Returns (1-token factor, prefill factor, expert factor or None, the basis, these weights' tensor type), the
-    factors relative to the calibrated FLOP/s: 1, 1, 1 for the calibrated type itself. None where there is nothing to
-    carry over (no such profile, or a type it did not measure: the calibrated FLOP/s then prices the weights flat)."""
+    ratio. Where the calibration recorded its file's matmul tensors by type (`Hardware.kernel_mix`), it and these
+    weights' file (``mix``, `file_matmul_mix`) count each type at its own rate (`EngineProfile.mixed_kernel_rate`). Returns (1-token
+    factor, prefill factor, expert factor or None, the basis, these weights' tensor type), the factors relative to the
+    calibrated FLOP/s: 1, 1, 1 for the calibrated weights themselves. None where there is nothing to carry over (no
+    such profile, or a type it did not measure: the calibrated FLOP/s then prices the weights flat)."""
     if device.calibrated_at is None or device.flops_efficiency is None or not device.kernel_profile \
             or not device.kernel_type:
         return None
@@ -617,11 +640,16 @@ def calibrated_kernel_transfer(device: Hardware, arch: Architecture, weights: Pr
     except SpeedlimitError:
         return None
     types = kernel_types(arch, weights, engine)
-    calibrated = engine.kernel_rate(device.kernel_type)
+    # a calibration that recorded its file's types is compared type by type with these weights' file; one that did not
+    # (a verify result from before it recorded them) type against type
+    counted = bool(device.kernel_mix)
+    calibrated = ((engine.mixed_kernel_rate(device.kernel_mix) if counted else None)
+                  or engine.kernel_rate(device.kernel_type))
     if types is None or calibrated is None:
         return None
     tensor_type, expert_type = types
-    own, experts = engine.kernel_rate(tensor_type), engine.kernel_rate(expert_type)
+    own = (engine.mixed_kernel_rate(mix) if counted and mix else None) or engine.kernel_rate(tensor_type)
+    experts = engine.kernel_rate(expert_type)
     if own is None or experts is None:
         return None
     factors = (own[0] / calibrated[0], own[1] / calibrated[1])

@@ -539,8 +539,14 @@ def _kernel_fields(result: VerifyResult) -> dict[str, str]:
     from speedlimit.precision import main_tensor_type
 
     profile = result.engine.kernel_profile if result.engine else None
-    tensor_type = main_tensor_type(result.model.file_type) if result.model and result.model.file_type else None
-    return {"kernel_profile": profile, "kernel_type": tensor_type} if profile and tensor_type else {}
+    model = result.model
+    # the type the matmuls ran, as the estimate prices the file (its matmul tensors' type, else its file type's)
+    tensor_type = ((main_tensor_type(model.matmul_type) if model.matmul_type else None)
+                   or (main_tensor_type(model.file_type) if model.file_type else None)) if model else None
+    if not profile or not tensor_type:
+        return {}
+    mix = model.matmul_types if model is not None else None
+    return {"kernel_profile": profile, "kernel_type": tensor_type, **({"kernel_mix": dict(mix)} if mix else {})}
 
 
 #: The CPU layout fields a profile carries over from the hardware it was calibrated on.
@@ -567,7 +573,8 @@ def profile_record(name: str, base: Hardware, fit: CalibrationFit, sources: list
         **({"attention_flops_per_core": list(base.attention_flops_per_core)}
            if base.attention_flops_per_core and any(point.attention_s for point in fit.points) else {}),
         # the build's kernel rates and the type the fitted FLOP/s is for: other types at their measured ratio
-        **({"kernel_profile": base.kernel_profile, "kernel_type": base.kernel_type}
+        **({"kernel_profile": base.kernel_profile, "kernel_type": base.kernel_type,
+            **({"kernel_mix": dict(base.kernel_mix)} if base.kernel_mix else {})}
            if base.kernel_profile and base.kernel_type and fit.flops_efficiency else {}),
         "base_hardware": base.key,
         "source": base.source or "speedlimit calibrate",
@@ -1014,11 +1021,11 @@ def shared_prompts_note(runs: list[RunSummary]) -> str | None:
 
 def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str, sources: list[str],
                       attention_flops_per_core: tuple[float, float] | None = None,
-                      kernel: tuple[str, str] | None = None) -> dict[str, Any]:
+                      kernel: tuple[str, str, dict[str, float] | None] | None = None) -> dict[str, Any]:
     """The profile TOML record of a deployment fit (`save_profile` writes it; `--hardware NAME` reads it), with the
     attention kernel's (decode, prefill) FLOP/s per busy core where its points paid the kernel apart, and ``kernel``:
-    (the engine profile whose CPU kernel rates priced the prior, the tensor type of the weights the sweep ran), so
-    that other types are priced at their rates' ratio (`Hardware.kernel_type`)."""
+    (the engine profile whose CPU kernel rates priced the prior, the tensor type of the weights the sweep ran, their
+    file's mix of types or None), so that other types are priced at their rates' ratio (`Hardware.kernel_type`)."""
     params = fit.fitted
     attention = attention_flops_per_core if any(point.attention_s for point in fit.points) else None
     return {
@@ -1035,7 +1042,8 @@ def deployment_record(name: str, base: Hardware, fit: DeploymentFit, engine: str
         "sequence_overhead_s": round(params.sequence_overhead_s, 9),
         "stream_compute_overlap": params.stream_compute_overlap,
         **({"attention_flops_per_core": list(attention)} if attention else {}),
-        **({"kernel_profile": kernel[0], "kernel_type": kernel[1]} if kernel else {}),
+        **({"kernel_profile": kernel[0], "kernel_type": kernel[1], **({"kernel_mix": kernel[2]} if kernel[2] else {})}
+           if kernel else {}),
         "base_hardware": base.key,
         "engine": engine,
         "source": base.source or "speedlimit calibrate",
