@@ -628,10 +628,10 @@ def calibrated_kernel_transfer(device: Hardware, arch: Architecture, weights: Pr
     both (fold C), at one token a step and at its prefill size (the GEMM curve between, as `core.gemm_factor` reads
     it); the routed experts, where that build multiplies them as matrix-vector products, at their 1-token rate's
     ratio. Where the calibration recorded its file's matmul tensors by type (`Hardware.kernel_mix`), it and these
-    weights' file (``mix``, `file_matmul_mix`) count each type at its own rate (`EngineProfile.mixed_kernel_rate`). Returns (1-token
-    factor, prefill factor, expert factor or None, the basis, these weights' tensor type), the factors relative to the
-    calibrated FLOP/s: 1, 1, 1 for the calibrated weights themselves. None where there is nothing to carry over (no
-    such profile, or a type it did not measure: the calibrated FLOP/s then prices the weights flat)."""
+    weights' file (``mix``, `file_matmul_mix`) count each type at its own rate (`EngineProfile.mixed_kernel_rate`).
+    Returns (1-token factor, prefill factor, expert factor or None, the basis, these weights' tensor type), the factors
+    relative to the calibrated FLOP/s: 1, 1, 1 for the calibrated weights themselves. None where there is nothing to
+    carry over (no such profile, or a type it did not measure: the calibrated FLOP/s then prices the weights flat)."""
     if device.calibrated_at is None or device.flops_efficiency is None or not device.kernel_profile \
             or not device.kernel_type:
         return None
