@@ -37,12 +37,16 @@ class WeightBytes:
     dense: float
     expert: float  # one routed expert, summed over all MoE layers
     file_type: str = ""
-    # the tensor type holding most of the layers' matmul weights (the routed experts and the LM head apart): the file
-    # type's main type, except where llama-quantize fell back to another for rows its type cannot hold ("ncols not
-    # divisible by 256": a K-quant file of a model 576 or 896 wide is mostly Q5_0)
-    matmul_type: str = ""
-    # every tensor type of the layers' matmul weights, with its parameters, most first (a K-quant mix's Q6_K tensors)
+    # every tensor type of the layers' matmul weights (the routed experts and the LM head apart), with its parameters,
+    # most first (a K-quant mix's Q6_K tensors)
     matmul_types: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def matmul_type(self) -> str:
+        """The tensor type holding most of the layers' matmul weights: the file type's main type, except where
+        llama-quantize fell back to another for rows its type cannot hold ("ncols not divisible by 256": a K-quant file
+        of a model 576 or 896 wide is mostly Q5_0)."""
+        return self.matmul_types[0][0] if self.matmul_types else ""
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,6 @@ def _architecture(reader: gguf.GGUFReader, path: Path) -> Architecture:
         source=str(path),
         weight_bytes=WeightBytes(
             embedding=embedding_bytes, lm_head=lm_head_bytes, dense=dense_bytes, expert=expert_bytes, file_type=file_type,
-            matmul_type=matmul_types.most_common(1)[0][0] if matmul_types else "",
             matmul_types=tuple((t, float(n)) for t, n in matmul_types.most_common()),
         ),
         attention_params=attention_params,

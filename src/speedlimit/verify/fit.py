@@ -540,13 +540,17 @@ def _kernel_fields(result: VerifyResult) -> dict[str, str]:
 
     profile = result.engine.kernel_profile if result.engine else None
     model = result.model
-    # the type the matmuls ran, as the estimate prices the file (its matmul tensors' type, else its file type's)
-    tensor_type = ((main_tensor_type(model.matmul_type) if model.matmul_type else None)
-                   or (main_tensor_type(model.file_type) if model.file_type else None)) if model else None
-    if not profile or not tensor_type:
+    if not profile or model is None:
         return {}
-    mix = model.matmul_types if model is not None else None
-    return {"kernel_profile": profile, "kernel_type": tensor_type, **({"kernel_mix": dict(mix)} if mix else {})}
+    # the type the matmuls ran, as the estimate prices the file: the one most of its layers' matmul weights hold, else
+    # its file type's main type
+    held = max(model.matmul_types, key=model.matmul_types.__getitem__) if model.matmul_types else ""
+    tensor_type = (main_tensor_type(held) if held else None) or (main_tensor_type(model.file_type) if model.file_type
+                                                                 else None)
+    if not tensor_type:
+        return {}
+    return {"kernel_profile": profile, "kernel_type": tensor_type,
+            **({"kernel_mix": dict(model.matmul_types)} if model.matmul_types else {})}
 
 
 #: The CPU layout fields a profile carries over from the hardware it was calibrated on.

@@ -170,8 +170,8 @@ class ModelInfo(BaseModel):
     path: str
     name: str
     file_type: str = ""
-    matmul_type: str = ""  # the tensor type its matmul tensors mostly hold (`WeightBytes.matmul_type`)
-    matmul_types: dict[str, float] = Field(default_factory=dict)  # every type they hold: parameters (`matmul_types`)
+    # its layers' matmul weights by tensor type: parameters (`WeightBytes.matmul_types`)
+    matmul_types: dict[str, float] = Field(default_factory=dict)
     file_bytes: int = 0
     weights_bytes: float = 0.0
     total_params: float = 0.0
@@ -437,7 +437,6 @@ def load_model_info(path: Path) -> tuple[Architecture, ModelInfo]:
         path=str(path.resolve()),
         name=display_name(path, arch.name),
         file_type=arch.weight_bytes.file_type if arch.weight_bytes else "",
-        matmul_type=arch.weight_bytes.matmul_type if arch.weight_bytes else "",
         matmul_types=dict(arch.weight_bytes.matmul_types) if arch.weight_bytes else {},
         file_bytes=path.stat().st_size,
         weights_bytes=cost_model(arch, None, parse_precision("fp16"))[0].total_weight_bytes,
