@@ -733,6 +733,12 @@ BENCH_REPROS = [
                  id="slot-history-not-slots"),
     pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--replay-engine",
                   "slot_streams=1,slot_history=" + "9" * 400], id="slot-history-huge"),
+    pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--replay-engine", "slot_streams=1,cache_ram=1e400"],
+                 id="cache-ram-inf"),
+    pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--replay-engine", "slot_similarity=<b>"],
+                 id="slot-similarity-hostile"),
+    pytest.param(["--compare-estimate", "--hardware", "h100-sxm", "--replay-engine", "cache_ram=8192"],
+                 id="cache-ram-without-slot-streams"),
 ]
 
 
@@ -763,10 +769,11 @@ SIMULATE_VALUES = st.one_of(
                                                  "--max-seqs", "--max-batched-tokens", "--block-size", "--kv-tokens",
                                                  "--burstiness", "--knee-fraction", "--sequence-overhead",
                                                  "--threads", "--numa", "--tp", "--pp", "--dp", "--ep", "--prefix-tokens",
-                                                 "--prefix-groups"]),
+                                                 "--prefix-groups", "--slot-similarity", "--cache-ram"]),
                                 SIMULATE_VALUES), max_size=4),
        switches=st.lists(st.sampled_from(["--json", "--no-chunked-prefill", "--chunked-prefill", "--prefix-caching",
-                                          "--no-prefix-caching", "--slot-streams", "--no-slot-streams"]), max_size=2),
+                                          "--no-prefix-caching", "--slot-streams", "--no-slot-streams",
+                                          "--no-cache-idle-slots"]), max_size=2),
        hardware=st.sampled_from(["h100-sxm", "amd-epyc-9654-2p"]))
 def test_simulate_any_flags(flags: list[tuple[str, str]], switches: list[str], hardware: str) -> None:
     argv = ["simulate", "-m", "llama-3.1-8b", "-H", hardware, *[a for pair in flags for a in pair], *switches]

@@ -126,6 +126,9 @@ class EngineProfile(BaseModel):
     # False = whole prompts join the decodes' step within the token budget (TensorRT-LLM's in-flight batching)
     prefill_first: Sourced | None = None
     prefix_caching: Sourced
+    # the prefix cache is per slot (llama-server's cache_prompt: a slot reuses the tokens of the request it last
+    # served, and a host-memory prompt cache), not one block cache for all; None: one for all
+    slot_prompts: Sourced | None = None
     kv: Sourced
     # the KV format it runs with fp8 weights (a vendor's FP8 checkpoint and its recommended config); None: `kv`
     fp8_weights_kv: Sourced | None = None
@@ -208,8 +211,8 @@ class EngineProfile(BaseModel):
                 raise ValueError(f"{name}: by_memory_gib and kv_tokens_fraction apply to max_seqs and max_batched_tokens only")
         return self
 
-    @field_validator("chunked_prefill", "prefill_first", "prefix_caching", "cuda_graphs", "fp8_activation_quant_kernels",
-                     "expert_matvec")
+    @field_validator("chunked_prefill", "prefill_first", "prefix_caching", "slot_prompts", "cuda_graphs",
+                     "fp8_activation_quant_kernels", "expert_matvec")
     @classmethod
     def _flag(cls, field: Sourced | None) -> Sourced | None:
         if field is not None and not isinstance(field.value, bool):

@@ -7,6 +7,8 @@ import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from speedlimit.cli import app
@@ -159,6 +161,9 @@ def test_simulate_slot_streams_on_the_command_line():
     ("slots_used=1", "needs slot_streams=1"), ("slot_streams=1,slot_history=2/2", "twice"),
     ("continuous,max_seqs=4,slot_streams=1,slot_history=5", "has 4 slots"), ("serial,slot_streams=1", "slot streams"),
     ("slot_streams=1,slot_history=1,slots_used=2", "not both"),
+    ("slot_streams=1,slot_similarity=2", "from 0 \\(off\\) to 1"),
+    ("slot_streams=1,slot_similarity=nan", "share from 0"), ("slot_streams=1,cache_ram=-2", "or -1"),
+    ("slot_streams=1,cache_ram=nan", "MiB from 0"),
 ])
 def test_a_replay_spec_that_describes_no_server_fails_before_the_run(spec, why):
     """bench --compare-estimate checks its --replay-engine before it sends a request; what needs the server's slot
@@ -168,5 +173,114 @@ def test_a_replay_spec_that_describes_no_server_fails_before_the_run(spec, why):
     with pytest.raises(SpeedlimitError, match=why):
         check_engine_spec(spec)
     for fine in ("max_batched_tokens=2048", "slot_streams=1,slot_history=700/3", None,
-                 "continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192,slot_streams=1,slots_used=1"):
+                 "continuous,max_seqs=8,max_batched_tokens=2048,kv_tokens=8192,slot_streams=1,slots_used=1",
+                 "slot_streams=1,cache_ram=-1,slot_similarity=0,cache_idle_slots=0"):
         assert check_engine_spec(fine) == parse_engine_spec(fine)
+
+
+# --- llama-server's prompt reuse: a slot keeps the prompt it last served ----------------------------------------------
+def _prefixed(engine, concurrency=1, requests=4):
+    """Requests of two prefix groups by turns (0, 1, 0, 1, ...), each 600 tokens of which the group's 512 lead."""
+    return run(STEP.cost, STEP.machine, engine, [600, 600], [8, 8], concurrency=concurrency, requests=requests,
+               prefix_group=[0, 1], shared_tokens=[512, 512])
+
+
+SLOTS3 = EngineConfig(max_seqs=3, max_batched_tokens=2048, slot_streams=True, prefix_caching=True)
+
+
+@pytest.mark.parametrize("options, slots, cached", [
+    # the server's defaults: a prompt goes to the free slot that holds its group's (512 / 600 shared, above 0.1)
+    ({}, [2, 1, 2, 1], [0, 0, 512, 512]),
+    # least recently used only, no prompt cache: slot 0 is empty and slot 2 holds the other group's prompt
+    ({"slot_similarity": 0.0, "cache_ram_mib": 0.0}, [2, 1, 0, 2], [0, 0, 0, 0]),
+    # least recently used, with the prompt cache: each start copied the idle slots' prompts there, and a slot given
+    # to another request loads the saved prompt that shares the most
+    ({"slot_similarity": 0.0}, [2, 1, 0, 2], [0, 0, 512, 512]),
+    # without the idle copies the cache holds only the prompts of slots handed over, none of them the group's yet
+    ({"slot_similarity": 0.0, "cache_idle_slots": False}, [2, 1, 0, 2], [0, 0, 0, 0]),
+    # a cache of 100 MiB holds one of these prompts (607 tokens x 128 KiB of llama-3.1-8b's fp16 KV): the second
+    # idle copy evicts the first, so request 3 finds only the other group's
+    ({"slot_similarity": 0.0, "cache_ram_mib": 100.0}, [2, 1, 0, 2], [0, 0, 512, 0]),
+])
+def test_a_prompt_reuses_what_its_slot_or_the_prompt_cache_holds(options, slots, cached):
+    """llama-server's get_available_slot (server-context.cpp): the free slot whose cached tokens share the largest
+    part of the prompt above --slot-prompt-similarity, else the least recently used, whose prompt is saved to the
+    --cache-ram prompt cache and a better one loaded from it (server-task.cpp server_prompt_cache::load); the prompt
+    then computes only what it does not share with the slot's tokens."""
+    raw = _prefixed(replace(SLOTS3, **options))
+    assert raw.extra["slots"] == slots
+    assert raw.prefix_cached == cached
+    assert raw.prefix_hit_tokens == sum(cached) and raw.prefix_query_tokens == 4 * 600
+
+
+def test_two_prompts_of_one_group_that_start_together_each_compute_the_prefix_in_their_own_slot():
+    """A slot reuses only the tokens it holds itself: two requests of a group admitted together on a fresh
+    llama-server compute the prefix twice (measured: --parallel 8, 8 clients, 4 groups of a 1,024-token prefix: the
+    first 8 prompts each evaluated 1,153 tokens), where a shared block cache (vLLM V1) lets the later one hit the
+    blocks the first schedules."""
+    streams = _prefixed(replace(SLOTS3, max_seqs=4), concurrency=4, requests=4)
+    shared = _prefixed(EngineConfig(max_seqs=4, max_batched_tokens=4096, prefix_caching=True), concurrency=4,
+                       requests=4)
+    assert streams.prefix_cached == [0, 0, 0, 0]
+    assert shared.prefix_cached == [0, 0, 512, 512]
+
+
+def test_a_long_cached_prompt_of_another_group_is_not_similar_and_the_lcp_needs_a_tenth():
+    """The share counts against the new prompt: a 40-token prefix of a 600-token prompt (under 0.1) does not pick
+    the slot, so the least recently used one serves it and reuses what it happens to share."""
+    raw = run(STEP.cost, STEP.machine, SLOTS3, [600, 600], [8, 8], concurrency=1, requests=4,
+              prefix_group=[0, 1], shared_tokens=[40, 40])
+    assert raw.extra["slots"] == [2, 1, 0, 2]
+    # request 2 (group 0) on empty slot 0 loads group 0's copy only if it keeps a quarter of it: 40 / 607 does not
+    assert raw.prefix_cached == [0, 0, 0, 0]
+    with pytest.raises(SpeedlimitError, match="slot_streams=1"):
+        engine_config("continuous", max_seqs=4, cache_ram=0)
+    assert engine_config("continuous", max_seqs=4, slot_streams=True, cache_ram=-1).cache_ram_mib == math.inf
+
+
+@settings(max_examples=60, deadline=None)
+@given(slots=st.integers(1, 5), concurrency=st.integers(1, 6), groups=st.integers(1, 4),
+       shared=st.integers(0, 300), lengths=st.lists(st.tuples(st.integers(1, 400), st.integers(1, 20)), min_size=1,
+                                                    max_size=5),
+       similarity=st.sampled_from([0.0, 0.1, 0.9]), cache_ram=st.sampled_from([0.0, 50.0, 8192.0]),
+       idle=st.booleans())
+def test_slot_reuse_never_reuses_more_than_a_prompt_shares(slots, concurrency, groups, shared, lengths, similarity,
+                                                           cache_ram, idle):
+    """Whatever the slots, groups and cache: every request ends, none reuses more than its group's shared tokens
+    (nor its whole prompt), and with no similarity and no cache the slots go exactly as without prefixes."""
+    prompts = [shared + p for p, _ in lengths]
+    outputs = [o for _, o in lengths]
+    engine = EngineConfig(max_seqs=slots, max_batched_tokens=2048, slot_streams=True, prefix_caching=True,
+                          slot_similarity=similarity, cache_ram_mib=cache_ram, cache_idle_slots=idle)
+    group = [i % groups for i in range(len(prompts))]
+    raw = run(STEP.cost, STEP.machine, engine, prompts, outputs, concurrency=concurrency, requests=12,
+              prefix_group=group, shared_tokens=[shared] * len(prompts))
+    assert raw.n == 12 and all(last >= 0 for last in raw.last_step)
+    assert all(0 <= hit <= min(shared, prompt - 1) for hit, prompt in zip(raw.prefix_cached, raw.prompt))
+    assert raw.prefix_hit_tokens == sum(raw.prefix_cached)
+    if similarity == 0 and cache_ram == 0:
+        plain = run(STEP.cost, STEP.machine, replace(engine, prefix_caching=False), prompts, outputs,
+                    concurrency=concurrency, requests=12)
+        assert raw.extra["slots"] == plain.extra["slots"]
+
+
+def test_one_kv_cache_for_all_slots_clears_the_idle_ones_as_each_request_starts():
+    """llama-server with --parallel auto (one KV cache for all slots; the llama.cpp profiles' `slot_prompts`) saves
+    every idle slot's prompt to the prompt cache and clears the slot as each request starts (server-context.cpp,
+    TAG_IDLE_SLOT_CLEAR): two requests of one group that start together each compute the prefix; of the next two,
+    the first finds its group's prompt in a slot just released, the second only in the prompt cache, where the
+    cleared slot's was saved. With a KV stream per slot that prompt would still be in its slot."""
+    unified = EngineConfig(max_seqs=3, max_batched_tokens=2048, prefix_caching=True, slot_prompts=True)
+    raw = run(STEP.cost, STEP.machine, unified, [600], [8], concurrency=2, requests=4, prefix_group=[0],
+              shared_tokens=[512])
+    assert raw.extra["slots"] == [2, 1, 1, 0] and raw.prefix_cached == [0, 0, 512, 512]
+    split = run(STEP.cost, STEP.machine, replace(unified, slot_prompts=False, slot_streams=True), [600], [8],
+                concurrency=2, requests=4, prefix_group=[0], shared_tokens=[512])
+    assert split.extra["slots"] == [2, 1, 1, 2] and split.prefix_cached == [0, 0, 512, 512]
+    # without the prompt cache the server keeps its idle slots ("--cache-idle-slots requires --cache-ram, disabling")
+    bare = run(STEP.cost, STEP.machine, replace(unified, cache_ram_mib=0.0), [600], [8], concurrency=2, requests=4,
+               prefix_group=[0], shared_tokens=[512])
+    assert bare.extra["slots"] == [2, 1, 1, 2] and bare.prefix_cached == [0, 0, 512, 512]
+    # the llama.cpp profiles reuse prompts per slot; vLLM's one block cache for all
+    assert engine_config(step=resolve("llama-3.1-8b", "h100-sxm", engine="llama-cpp-cuda")).slot_prompts
+    assert not engine_config(step=resolve("llama-3.1-8b", "h100-sxm", engine="vllm")).slot_prompts

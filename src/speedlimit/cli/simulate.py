@@ -58,8 +58,12 @@ def simulation_table(summary: RunSummary) -> Table:
                                                   "and KV per replica" + ("; they share their experts and step "
                                                   "together" if sim.get("lockstep") else "")))
     if sim.get("prefix_cache_hit_rate") is not None:
+        per_slot = "cache_idle_slots" in engine  # llama-server: each slot reuses the prompt it last served
+        ram = engine.get("cache_ram_mib")
+        where = ("; per slot, no prompt cache" if ram == 0 else "; per slot, with an unbounded prompt cache"
+                 if ram is None else f"; per slot, with a prompt cache of {ram:,.0f} MiB") if per_slot else ""
         rows.append(("prefix-cache hits", f"{sim['prefix_cache_hit_rate']:.1%} of prompt tokens (bench's server "
-                                          "metric)"))
+                                          f"metric{where})"))
     records_split = sim.get("time_split")
     if records_split:
         rows.append(("time split (mean)", f"queue {_ms(records_split['queue_s'])} ms, prefill "
@@ -141,6 +145,17 @@ def simulate_command(
                                      "llama.cpp's server started with --parallel N (no --kv-unified): each slot its own "
                                      "KV stream, and a step runs one forward pass per run of consecutive busy slots.",
                                      default=False),
+    slot_similarity: Optional[float] = typer.Option(None, help="--slot-streams: the server's --slot-prompt-similarity "
+                                                               "(a free slot whose cached prompt shares more than this "
+                                                               "part of a new one takes it; 0: least recently used; "
+                                                               "default 0.1)."),
+    cache_ram: Optional[float] = typer.Option(None, help="--slot-streams: the server's --cache-ram in MiB, its "
+                                                         "host-memory prompt cache (0: off, -1: no limit; default "
+                                                         "8192)."),
+    cache_idle_slots: Optional[bool] = typer.Option(None, "--cache-idle-slots/--no-cache-idle-slots", metavar="",
+                                                    help="--slot-streams: the server saves idle slots' prompts to "
+                                                         "that cache as each request starts (default: on, as the "
+                                                         "server's)."),
     block_size: int = typer.Option(16, help="KV-cache block size in tokens (paged attention)."),
     kv_tokens: Optional[int] = typer.Option(None, help="KV-cache capacity in tokens (default: memory beside the "
                                                        "weights; llama-server: its -c)."),
@@ -163,7 +178,8 @@ def simulate_command(
     step = with_sequence_overhead(resolve(scenario_from(**inputs)), sequence_overhead)
     config = engine_config(scheduler, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
                            chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step,
-                           use_profile=use_profile, prefix_caching=prefix_caching, slot_streams=slot_streams)
+                           use_profile=use_profile, prefix_caching=prefix_caching, slot_streams=slot_streams,
+                           slot_similarity=slot_similarity, cache_ram=cache_ram, cache_idle_slots=cache_idle_slots)
     slo_bounds = parse_slo(slo)
     check_out_dir(out, force)  # bench's check, before any work: never a file, never over a run unless --force
     workload_options = dict(burstiness=burstiness, requests=requests, duration_s=duration, prompt_tokens=prompt_tokens,

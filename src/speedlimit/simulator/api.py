@@ -152,10 +152,13 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
                   step: StepModel | None = None, profile: EngineProfile | None = None,
                   use_profile: bool = True, prefix_caching: bool | None = None,
                   slot_streams: bool = False, slots_used: int = 0,
-                  slot_history: tuple[int, ...] = ()) -> EngineConfig:
+                  slot_history: tuple[int, ...] = (), slot_similarity: float | None = None,
+                  cache_ram: float | None = None, cache_idle_slots: bool | None = None) -> EngineConfig:
     """An engine's scheduler: explicit options over the engine profile's defaults (``profile``, else ``step``'s
     engine; vLLM's and SGLang's depend on the device's memory and the KV capacity); with ``mode`` given
-    (continuous or serial), that scheduler's generic defaults instead. The KV capacity from memory beside the weights (one data-parallel replica's). ``use_profile=False``: the mode's generic defaults only."""
+    (continuous or serial), that scheduler's generic defaults instead. The KV capacity from memory beside the weights (one data-parallel replica's). ``use_profile=False``: the mode's generic defaults only.
+    ``slot_similarity``, ``cache_ram`` (MiB; -1: no limit) and ``cache_idle_slots``: llama-server's flags of those
+    names, which decide how its slots reuse prompts (`EngineConfig`; the server's defaults where None)."""
     # replicas that share their experts step together (SGLang's DP attention), and some engines split their token
     # budget among them
     lockstep_replicas = int(step.machine.dp) if step is not None and coupled(step) else 1
@@ -175,6 +178,7 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
         raise SpeedlimitError("the serial scheduler runs one request at a time: drop --max-seqs or use --scheduler continuous")
     block_size = _whole("block-size", block_size, 1, 65_536)
     prefill_first = None  # the generic scheduler: prefill-first without chunked prefill (vLLM V0), mixed with it (V1)
+    slot_prompts = False  # llama-server's per-slot prompt reuse
     if kv_tokens is not None:
         capacity = float(_whole("kv-tokens", kv_tokens, 1, 10**12))
     elif step is not None:
@@ -198,6 +202,7 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
             prefill_first = bool(profile.prefill_first.value)
         if prefix_caching is None:
             prefix_caching = bool(profile.prefix_caching.value)
+        slot_prompts = profile.slot_prompts is not None and bool(profile.slot_prompts.value)
     max_seqs = _whole("max-seqs", defaults["max_seqs"] if max_seqs is None else max_seqs, 1, 1_000_000)
     tokens = _whole("max-batched-tokens", defaults["max_batched_tokens"] if max_batched_tokens is None
                     else max_batched_tokens, 1, 10_000_000)
@@ -206,7 +211,9 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
                           prefill_first=prefill_first,
                           block_size=block_size, kv_capacity_tokens=capacity,
                           prefix_caching=bool(prefix_caching), slot_streams=bool(slot_streams), slots_used=slots_used,
-                          slot_history=tuple(slot_history))
+                          slot_history=tuple(slot_history), slot_prompts=slot_prompts,
+                          **_slot_cache_options(bool(slot_streams) or slot_prompts, slot_similarity, cache_ram,
+                                                cache_idle_slots))
     if slot_streams and lockstep_replicas > 1:
         raise SpeedlimitError("--slot-streams (llama.cpp's server slots) does not combine with data-parallel replicas "
                               "that step together")
@@ -215,6 +222,21 @@ def engine_config(mode: str | None = None, *, max_seqs: int | None = None, max_b
         # max_num_batched_tokens >= max_num_seqs); where prefill steps run alone the budget is theirs only
         config = replace(config, max_batched_tokens=max_seqs)
     return config.check()
+
+
+def _slot_cache_options(slots: bool, slot_similarity: float | None, cache_ram: float | None,
+                        cache_idle_slots: bool | None) -> dict[str, Any]:
+    """`EngineConfig`'s fields for llama-server's prompt reuse flags that were given (--cache-ram -1, the server's
+    "no limit", is an unbounded cache); ``slots``: whether the engine is llama-server's (slot streams, or a profile
+    whose prompts are reused per slot)."""
+    given = {k: v for k, v in (("slot_similarity", slot_similarity), ("cache_ram_mib", cache_ram),
+                               ("cache_idle_slots", cache_idle_slots)) if v is not None}
+    if given and not slots:
+        raise SpeedlimitError("slot_similarity, cache_ram and cache_idle_slots are llama-server's slot flags: they "
+                              "need slot_streams=1 (--slot-streams) or a llama.cpp engine")
+    if given.get("cache_ram_mib") == -1:
+        given["cache_ram_mib"] = math.inf
+    return given
 
 
 def split_engine(engine: Any, scheduler: str | None = None) -> tuple[Any, str | None, bool]:
@@ -705,6 +727,10 @@ def _engine_block(step: StepModel, engine: EngineConfig, workload: Workload) -> 
         **({"slot_streams": True} if engine.slot_streams else {}),
         **({"slots_used": engine.slots_used} if engine.slots_used else {}),
         **({"slot_history": list(engine.slot_history)} if engine.slot_history else {}),
+        **({"slot_similarity": engine.slot_similarity,
+            "cache_ram_mib": engine.cache_ram_mib if math.isfinite(engine.cache_ram_mib) else None,
+            "cache_idle_slots": engine.cache_idle_slots}
+           if (engine.slot_streams or engine.slot_prompts) and engine.prefix_caching else {}),
         "block_size": engine.block_size,
         "kv_capacity_tokens": engine.kv_capacity_tokens if math.isfinite(engine.kv_capacity_tokens) else None,
         "bw_efficiency": step.efficiency.bw_efficiency, "flops_efficiency": step.flops_efficiency,
@@ -745,7 +771,9 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv=None, compute=None, 
              trace: Path | str | None = None, time_scale: float = 1.0, engine: str | None = None, scheduler: str | None = None, max_seqs: int | None = None,
              max_batched_tokens: int | None = None, chunked_prefill: bool | None = None, block_size: int = 16,
              kv_tokens: int | None = None, slo: str | dict[str, float] | None = None, prefix_tokens: int = 0,
-             prefix_groups: int = 1, prefix_caching: bool | None = None, slot_streams: bool = False) -> Simulation:
+             prefix_groups: int = 1, prefix_caching: bool | None = None, slot_streams: bool = False,
+             slot_similarity: float | None = None, cache_ram: float | None = None,
+             cache_idle_slots: bool | None = None) -> Simulation:
     """Predict a serving engine under load, in bench's terms: records and a `RunSummary` (``source="simulate"``).
 
     Model/hardware/precision/parallelism (tp, pp, ep; dp: replicas, `run_replicas`, stepping together with ep) as
@@ -754,7 +782,8 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv=None, compute=None, 
     every prompt, one text per ``prefix_groups``); the serving
     ``engine`` (a catalog/engines.toml profile: its step costs and scheduler defaults) and the scheduler's knobs
     (``prefix_caching`` too), which override the profile's; ``slot_streams``: llama.cpp's server with ``--parallel N``,
-    each slot its own KV stream (`EngineConfig.slot_streams`); ``slo`` for goodput ("ttft=500ms,tpot=50ms").
+    each slot its own KV stream (`EngineConfig.slot_streams`), and its prompt reuse flags (``slot_similarity``,
+    ``cache_ram``, ``cache_idle_slots``; `engine_config`); ``slo`` for goodput ("ttft=500ms,tpot=50ms").
     """
     engine, scheduler, use_profile = split_engine(engine, scheduler)
     step = resolve(model, hardware, weights=weights, kv=kv, compute=compute, tp=tp, pp=pp, ep=ep, dp=dp, ideal=ideal,
@@ -763,7 +792,8 @@ def simulate(model: Any, hardware: Any, *, weights=None, kv=None, compute=None, 
                    sequence_overhead_s=sequence_overhead_s, engine=engine)
     config = engine_config(scheduler, max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
                            chunked_prefill=chunked_prefill, block_size=block_size, kv_tokens=kv_tokens, step=step,
-                           use_profile=use_profile, prefix_caching=prefix_caching, slot_streams=slot_streams)
+                           use_profile=use_profile, prefix_caching=prefix_caching, slot_streams=slot_streams,
+                           slot_similarity=slot_similarity, cache_ram=cache_ram, cache_idle_slots=cache_idle_slots)
     workload = build_workload(concurrency=concurrency, rate=rate, burstiness=burstiness, requests=requests,
                               duration_s=duration_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                               dataset=dataset, seed=seed, trace=trace, time_scale=time_scale,
@@ -806,6 +836,8 @@ ENGINE_SPEC_KEYS = {"max_seqs": int, "max_batched_tokens": int, "kv_tokens": int
                     "prefix_caching": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
                     "slot_streams": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
                     "slots_used": int, "slot_history": lambda v: tuple(int(s) for s in v.split("/") if s.strip()),
+                    "slot_similarity": float, "cache_ram": float,
+                    "cache_idle_slots": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
                     "step_overhead": float, "sequence_overhead": float}
 
 
@@ -851,7 +883,10 @@ def check_engine_spec(text: str | None) -> dict[str, Any]:
     # the token budget is the profile's or the server's until the replay: not checked here
     EngineConfig(mode=mode, max_seqs=slots, max_batched_tokens=max(options.get("max_batched_tokens") or 0, slots),
                  chunked_prefill=options.get("chunked_prefill", True), slot_streams=bool(options.get("slot_streams")),
-                 slots_used=options.get("slots_used", 0), slot_history=options.get("slot_history", ())).check()
+                 slots_used=options.get("slots_used", 0), slot_history=options.get("slot_history", ()),
+                 # whether the engine is llama-server's is the replay's to know (its profile): checked there
+                 **_slot_cache_options(True, options.get("slot_similarity"), options.get("cache_ram"),
+                                       options.get("cache_idle_slots"))).check()
     return options
 
 

@@ -49,8 +49,19 @@ The engine (vLLM-v1-like, and llama.cpp's server with ``--parallel N``):
   is evicted first and a finished request's blocks are freed tail first; SGLang's radix_cache.py evicts least
   recently used leaves). The queue holds runs of blocks, so the cache too costs O(1) per event, amortized. Not
   modelled: a preempted request's own blocks are not found again when it is readmitted (vLLM V1 would hit those
-  still cached), and llama-server's cache_prompt, which reuses a slot's previous prompt, is priced as this shared
-  cache.
+  still cached);
+- ``prefix_caching`` with ``slot_streams`` or ``slot_prompts`` (llama-server, a KV stream per slot or one KV cache
+  for all): llama-server's cache_prompt instead, which shares nothing between slots. A slot keeps the tokens of the
+  request it last served (prompt and reply), and a new prompt computes only what follows their common prefix (all
+  but its last token at most). A request takes the free slot whose tokens share the largest part of its prompt, above
+  ``slot_similarity``, else the least recently used one; that one's prompt is saved to the host-memory prompt cache
+  (``cache_ram_mib``) and replaced by a saved prompt that keeps at least a quarter of itself and more of both than
+  the slot's own, and as each request starts every idle slot's prompt is copied there (``cache_idle_slots``), and
+  cleared from the slot where one KV cache serves all; the oldest saved are evicted first
+  (tools/server/server-context.cpp ``get_available_slot``, server-task.cpp ``server_prompt_cache``). Prompts are
+  known by their prefix groups: two share their group's leading tokens, or their common parent's; the tokens a slot
+  held before the run share nothing with the run's (bench draws each run's prompts and warm-ups apart) and are not
+  counted in the cache's size.
 
 A sequence with ``L`` tokens cached that decodes attends to ``L + 1`` keys (its new token too) and writes one KV entry,
 so a reply of ``o`` tokens after a ``p``-token prompt decodes at contexts p+1 … p+o−1, exactly what `estimate`'s mean
@@ -112,6 +123,18 @@ class EngineConfig:
     # slot streams: the slots that served requests before the run, least recently used first (llama-server's /slots,
     # as bench read it as the run began), in place of ``slots_used``'s fresh-server guess
     slot_history: tuple[int, ...] = ()
+    # llama-server's prompt reuse (slot streams or slot_prompts, with prefix caching): its choice of a free slot by
+    # the prompt it caches (a share of the new prompt above this picks it; 0: least recently used only), the
+    # host-memory prompt cache it saves a slot's prompt to before giving the slot another (MiB; 0: off; inf: no
+    # limit), and whether it also saves every idle slot's prompt there as it starts a request. The server's defaults (vendored llama.cpp common/common.h:
+    # slot_prompt_similarity = 0.1f, cache_ram_mib = 8192, cache_idle_slots = true; its flags
+    # --slot-prompt-similarity, --cache-ram, --cache-idle-slots)
+    slot_similarity: float = 0.1
+    cache_ram_mib: float = 8192.0
+    cache_idle_slots: bool = True
+    # llama-server without slot streams (--parallel auto: one KV cache for all slots) reuses prompts per slot too, and
+    # saves and clears its idle slots as each request starts (server-context.cpp, TAG_IDLE_SLOT_CLEAR)
+    slot_prompts: bool = False
 
     @property
     def prefills_alone(self) -> bool:
@@ -156,6 +179,14 @@ class EngineConfig:
         if history and self.slots_used:
             raise SpeedlimitError("give slots_used or slot_history, not both: each says which slots were used before "
                                   "the run")
+        for value, top, what in ((self.slot_similarity, 1.0, "slot_similarity must be a share from 0 (off) to 1"),
+                                 (self.cache_ram_mib, math.inf, "cache_ram must be MiB from 0 (off) up, or -1 (no "
+                                                                "limit)")):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
+                raise SpeedlimitError(f"{what}, got {value!r}")
+        for name in ("cache_idle_slots", "slot_prompts"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpeedlimitError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.slot_streams and (self.mode != "continuous" or self.prefills_alone):
             raise SpeedlimitError("slot streams are llama.cpp's server's --parallel slots: they need the continuous "
                                   "scheduler with mixed steps (chunked prefill, no prefill-first)")
@@ -377,7 +408,12 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
     if caching and not (len(prefix_group) == len(shared_tokens) == pool):
         raise SpeedlimitError("the workload's prefix groups do not match its prompts (one group and shared length "
                               "each)")
-    evicting = caching and math.isfinite(total_blocks)
+    streams = engine.slot_streams
+    # the shared cache of KV blocks (vLLM, SGLang); llama-server's slots each reuse only the prompt they hold
+    slot_reuse = caching and (streams or engine.slot_prompts)
+    chain = caching and not slot_reuse
+    tracking = streams or slot_reuse  # which slot each request runs in
+    evicting = chain and math.isfinite(total_blocks)
     parents = dict(group_parent or {}) if caching else {}
     if any(p in parents or p < 0 or g < 0 for g, (p, _) in parents.items()):
         raise SpeedlimitError("a prefix group's parent must be a group without a parent")
@@ -419,7 +455,8 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
     g_runs: dict[int, deque[list]] = {}
     hit_tokens = 0
     query_tokens = 0
-    if caching:
+    R_stok: list[int] = []  # slot reuse: leading tokens it has in common with its group
+    if chain:
         for g in set(prefix_group) | {p for p, _ in parents.values()}:
             base = parents[g][1] // block if g in parents else 0
             g_base[g] = g_cached[g] = g_held[g] = base
@@ -445,6 +482,7 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
         R_emit0.append(-1)
         if caching:
             R_group.append(prefix_group[index % pool])
+            R_stok.append(shared_tokens[index % pool])
             R_share.append(shared_tokens[index % pool] // block)
             R_gh.append(g_base.get(prefix_group[index % pool], 0))
             R_ph.append(0)
@@ -476,29 +514,142 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
 
     # llama-server's slots (`EngineConfig.slot_streams`): each running request's slot; when each free slot was last
     # released (-1: never), and so which one the next request takes
-    streams = engine.slot_streams
     slot_of: dict[int, int] = {}
-    released_at: list[float] = [-1.0] * (slots if streams else 0)
+    released_at: list[float] = [-1.0] * (slots if tracking else 0)
     # before the run, least recently used first: the server's own account, else slots_used's warm-ups on a fresh
     # server, one at a time (slot N-1, then N-2, ...)
     history = engine.slot_history or tuple(range(slots - 1, slots - 1 - engine.slots_used, -1))
     for order, used in enumerate(history if streams else ()):
         released_at[used] = -0.5 + order * 1e-6
-    free_slots: set[int] = set(range(slots)) if streams else set()
+    free_slots: set[int] = set(range(slots)) if tracking else set()
     slot_log: list[int] = []  # the slot of each admission, in order (llama-server logs the same: "launch_slot_: id N")
+    # llama-server's prompt reuse (`slot_reuse`): what each slot's KV holds (a request's prompt and reply; EMPTY; or
+    # FOREIGN, a request's from before the run, sharing nothing with this run's prompts, as bench draws each run's
+    # prompts and warm-ups apart), and the host-memory prompt cache: the saved prompts, oldest first, and the tokens
+    # they hold
+    EMPTY, FOREIGN = -1, -2
+    slot_holds: list[int] = [EMPTY] * (slots if tracking else 0)
+    for used in history if streams else ():
+        slot_holds[used] = FOREIGN
+    saved: dict[int, None] = {}
+    saved_tokens = 0
+    kv_token_bytes = float(core.kv_bytes_per_sequence(cost, 1.0)) if slot_reuse else 0.0
+    saved_cap = (engine.cache_ram_mib * 2.0**20 / kv_token_bytes if kv_token_bytes > 0 else math.inf) \
+        if engine.cache_ram_mib > 0 else 0.0
 
-    def take_slot(rid: int) -> None:
+    def lru_slot() -> int:
         # least recently used; of those never used, the highest-numbered; of those released in one step, the first
         # released (the server releases them in slot order)
-        slot = min(free_slots, key=lambda k: (released_at[k], k if released_at[k] >= 0 else -k))
+        return min(free_slots, key=lambda k: (released_at[k], k if released_at[k] >= 0 else -k))
+
+    def common(rid: int, other: int) -> int:
+        """Leading tokens two requests' prompts have in common: their group's shared part, or their common parent's."""
+        g, h = R_group[rid], R_group[other]
+        if g < 0 or h < 0:
+            return 0
+        if g == h:
+            return min(R_stok[rid], R_stok[other])
+        root_g = parents.get(g, (g, R_stok[rid]))
+        root_h = parents.get(h, (h, R_stok[other]))
+        return min(root_g[1], root_h[1]) if root_g[0] == root_h[0] else 0
+
+    def holds(rid: int) -> int:  # tokens a finished request leaves in its slot: its prompt and reply but the last token
+        return R_prompt[rid] + R_output[rid] - 1
+
+    def pick_slot(rid: int) -> tuple[int, int, bool]:
+        """llama-server's choice for the request (tools/server/server-context.cpp ``get_available_slot``): the free
+        slot whose cached tokens share the largest part of its prompt, above ``slot_similarity`` (the first such in
+        slot order), else the least recently used. Returns (slot, the request whose tokens the slot will hold when the
+        prompt starts, whether the slot's prompt is saved to the prompt cache and a better one loaded from it): the
+        server does so for a least-recently-used pick, or where the kept part is under half the slot's prompt."""
+        prompt = R_target[rid]
+        best, share = -1, 0.0
+        if engine.slot_similarity > 0 and R_group[rid] >= 0:
+            for slot in sorted(free_slots):
+                held = slot_holds[slot]
+                if held >= 0:
+                    f = common(rid, held) / prompt
+                    if f > share and f > engine.slot_similarity:
+                        best, share = slot, f
+        if best >= 0:
+            held = slot_holds[best]
+            refresh = share * prompt / holds(held) < 0.5
+        else:
+            best = lru_slot()
+            held = slot_holds[best]
+            refresh = True
+        if refresh and saved_cap > 0 and R_group[rid] >= 0:
+            held = loaded(rid, held)
+        return best, held, refresh
+
+    def loaded(rid: int, held: int) -> int:
+        """The prompt a refreshed slot holds after the server's prompt cache is searched (tools/server/server-task.cpp
+        ``server_prompt_cache::load``): a saved prompt that keeps at least a quarter of itself and more of itself and
+        of the new prompt than the slot's own; the first such, in the cache's order, unless a later one keeps more of
+        both. Saving the slot's own first may evict the oldest saved ones (``alloc`` makes room)."""
+        prompt = R_target[rid]
+        base = common(rid, held) if held >= 0 else 0
+        keep_best = base / holds(held) if held >= 0 else (-1.0 if held == EMPTY else 0.0)
+        sim_best = base / prompt
+        evicted = 0
+        if held >= 0 and held not in saved and holds(held) <= saved_cap:
+            excess = saved_tokens + holds(held) - saved_cap
+            for old in saved:
+                if excess <= 0:
+                    break
+                excess -= holds(old)
+                evicted += 1
+        pick = held
+        for i, other in enumerate(saved):
+            if i < evicted:
+                continue
+            shared = common(rid, other)
+            keep = shared / holds(other)
+            if keep >= 0.25 and keep > keep_best and shared / prompt > sim_best:
+                keep_best, sim_best, pick = keep, shared / prompt, other
+        return pick
+
+    def save(held: int) -> None:
+        """A slot's prompt copied to the prompt cache (server-task.cpp ``server_prompt_cache::alloc``): not when it is
+        there already or larger than the cache; the oldest saved make room."""
+        nonlocal saved_tokens
+        if saved_cap <= 0 or held < 0 or held in saved or holds(held) > saved_cap:
+            return
+        while saved and saved_tokens + holds(held) > saved_cap:
+            oldest = next(iter(saved))
+            del saved[oldest]
+            saved_tokens -= holds(oldest)
+        saved[held] = None
+        saved_tokens += holds(held)
+
+    def take_slot(rid: int, choice: tuple[int, int, bool] | None = None) -> None:
+        nonlocal saved_tokens
+        slot = lru_slot() if choice is None else choice[0]
         free_slots.discard(slot)
         slot_of[rid] = slot
         slot_log.append(slot)
+        if choice is None:
+            return
+        _, held, refresh = choice
+        own = slot_holds[slot]
+        if refresh:
+            save(own)
+        if held != own and held in saved:  # loaded into the slot: it leaves the cache
+            del saved[held]
+            saved_tokens -= holds(held)
+        slot_holds[slot] = rid
+        if engine.cache_idle_slots and saved_cap > 0:  # the request started: every idle slot's prompt is saved
+            for idle in sorted(free_slots):
+                save(slot_holds[idle])
+                if not streams:  # one KV cache for all slots: the idle ones are cleared to make room
+                    slot_holds[idle] = EMPTY
 
-    def free_slot(rid: int) -> None:
+    def free_slot(rid: int, dropped: bool = False) -> None:
         slot = slot_of.pop(rid)
         released_at[slot] = now
         free_slots.add(slot)
+        if dropped and slot_reuse:  # preempted: its tokens are gone
+            slot_holds[slot] = EMPTY
 
     issued = 0
     completed = 0
@@ -686,9 +837,9 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
             cached = R_done[rid]
             del prefilling[rid]
         del running[rid]
-        if streams:
-            free_slot(rid)
-        if caching:
+        if tracking:
+            free_slot(rid, dropped=True)
+        if chain:
             release(rid, cached)
         else:
             free_blocks += _blocks(cached, block)
@@ -732,7 +883,7 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
             prefill_only = free_blocks >= _blocks(done + 1, block) - _blocks(done, block)
         elif prefill_first and waiting and len(running) < slots:
             head = waiting[0]
-            h = hit_blocks(head) if caching else 0
+            h = hit_blocks(head) if chain else 0
             start = h * block
             first = R_target[head] - start if not chunked else min(R_target[head] - start, budget_max)
             need = _blocks(start + first, block) - h + (unheld(head, h) if h else 0)
@@ -779,14 +930,20 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                 free_blocks -= need
                 if evicting:
                     take(need)
-                if caching and R_group[rid] >= 0:
+                if chain and R_group[rid] >= 0:
                     extend(rid, done + n)
                 chunks.append((rid, n))
                 budget -= n
             while waiting and budget > 0 and len(running) < slots:
                 rid = waiting[0]
-                h = hit_blocks(rid) if caching else 0
-                start = h * block  # the prefill starts after the cached blocks
+                choice = pick_slot(rid) if slot_reuse else None
+                h = hit_blocks(rid) if chain else 0
+                # the prefill starts after the cached blocks; a llama-server slot reuses the tokens the prompt has in
+                # common with the one it holds (all but the last, whose logits it needs: server-context.cpp
+                # [TAG_PROMPT_LOGITS]), in its own KV stream, so its blocks are its own
+                holder = choice[1] if choice is not None else EMPTY
+                start = (h * block if choice is None else
+                         min(common(rid, holder), R_target[rid] - 1) if holder >= 0 else 0)
                 n = R_target[rid] - start if not chunked else min(R_target[rid] - start, budget)
                 if n > budget:
                     break
@@ -806,12 +963,12 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                 free_blocks -= need
                 if evicting:
                     take(need)
-                if caching and R_group[rid] >= 0:
+                if chain and R_group[rid] >= 0:
                     extend(rid, start + n)
                 running[rid] = None
                 prefilling[rid] = None
-                if streams:
-                    take_slot(rid)
+                if tracking:
+                    take_slot(rid, choice)
                 if R_sched[rid] < 0:
                     R_sched[rid] = now
                 chunks.append((rid, n))
@@ -867,12 +1024,12 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                 if R_seg[rid] != seg or rid not in decoding:
                     continue
                 cached = drop_decoder(rid, d + 1)
-                if caching:
+                if chain:
                     release(rid, cached)
                 else:
                     free_blocks += _blocks(cached, block)
                 del running[rid]
-                if streams:
+                if tracking:
                     free_slot(rid)
                 R_gen[rid] = R_output[rid]
                 R_last[rid] = s
@@ -891,9 +1048,9 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
             R_last[rid] = s
             if R_gen[rid] >= R_output[rid]:
                 del running[rid]
-                if streams:
+                if tracking:
                     free_slot(rid)
-                if caching:
+                if chain:
                     release(rid, R_done[rid])
                 else:
                     free_blocks += _blocks(R_done[rid], block)
@@ -928,4 +1085,5 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                   step_tokens=step_tokens, step_prefill=step_prefill, step_waiting=step_waiting, step_in_system=step_in_system,
                   step_kv_blocks=step_kv, kv_blocks=total_blocks, decode_steps=decode_steps, idle_s=idle_s,
                   prefix_cached=R_cached, prefix_hit_tokens=hit_tokens, prefix_query_tokens=query_tokens,
-                  extra={"step_passes": step_passes, "slots": slot_log} if streams else {})
+                  extra={"step_passes": step_passes, "slots": slot_log} if streams else
+                  {"slots": slot_log} if tracking else {})
