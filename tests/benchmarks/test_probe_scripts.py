@@ -85,3 +85,19 @@ def test_the_simulator_validation_can_bench_each_concurrency_on_a_fresh_server(m
     servers.clear()
     validate_simulate.bench_points("llama-server", tmp_path / "m.gguf", 2, tmp_path, [1, 2, 4], 8, 128, 32, 1)
     assert servers == [[1, 2, 4]]
+
+
+def test_the_conversation_dataset_is_bench_s_dataset_and_the_same_for_a_seed(tmp_path: Path) -> None:
+    """benchmarks/make_conversations.py writes what `bench --dataset` reads: one request per user turn, each turn's
+    messages holding the turns before it; the same seed, the same file."""
+    from speedlimit.bench.workload import load_dataset
+
+    done = _run("make_conversations.py", "--count", "3", "--turns", "2", "--words", "10")
+    assert done.returncode == 0 and _run("make_conversations.py", "--count", "3", "--turns", "2",
+                                         "--words", "10").stdout == done.stdout
+    path = tmp_path / "conv.jsonl"
+    path.write_text(done.stdout)
+    rows = load_dataset(path)
+    assert [(row["_conversation"], len(row["messages"])) for row in rows] == [(1, 1), (1, 3), (2, 1), (2, 3),
+                                                                              (3, 1), (3, 3)]
+    assert rows[1]["messages"][0] == rows[0]["messages"][0] and rows[0]["output_tokens"] == 32

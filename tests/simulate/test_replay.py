@@ -355,3 +355,57 @@ def test_a_catalog_model_priced_at_other_weights_than_the_served_gguf_is_warned_
     replay_for(run.summary, run.records, hardware="l40s", served_model=served, estimate_model="smollm2-135m")
     replay_for(run.summary, run.records, hardware="l40s", served_model=served, estimate_model="smollm2-135m")
     assert run.summary.warnings.count(warning) == 1
+
+
+@pytest.mark.parametrize("engine, concurrency", [
+    ("continuous,max_seqs=4,max_batched_tokens=1024,prefix_caching=1", 3),
+    # a slot holds a turn only once it has ended: the turns of a conversation sent together share nothing there
+    ("continuous,max_seqs=4,max_batched_tokens=1024,prefix_caching=1,slot_streams=1", 1)])
+def test_replaying_a_run_of_conversations_shares_their_turns_as_the_run_did(tmp_path, engine, concurrency):
+    """A dataset's conversation turns each hold the turns before them: the replay finds which request was which
+    turn from the run's dataset and prompt seed (bench's row order), so a simulated run replays exactly, on a block
+    cache and on llama-server's per-slot one."""
+    import json
+
+    dataset = tmp_path / "chats.jsonl"
+    lines = [{"conversation": [{"role": "user", "content": "word " * (40 + 10 * c)},
+                               {"role": "assistant", "content": "reply " * 30},
+                               {"role": "user", "content": "more " * 25},
+                               {"role": "assistant", "content": "again " * 20},
+                               {"role": "user", "content": "last " * 15}], "output_tokens": 12} for c in range(4)]
+    lines += [{"prompt": "plain " * 70, "output_tokens": 9}, {"prompt": "other " * 50, "output_tokens": 9}]
+    dataset.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    options = parse_engine_spec(engine)
+    options.pop("mode")
+    run = simulate("llama-3.1-8b", "l40s", dataset=dataset, concurrency=concurrency, requests=14, seed=5,
+                   engine="continuous", **options)
+    assert run.summary.simulation["prefix_cache_hit_rate"] > 0.2
+    block = replay_for(run.summary, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b",
+                       engine=engine)
+    for label, row in block.comparison.items():
+        assert row.ratio == pytest.approx(1.0, rel=1e-6), label
+    # the dataset gone, the replay knows no turns: it says so, and predicts no hits
+    dataset.unlink()
+    run.summary.notes.clear()
+    blind = replay_for(run.summary, run.records, hardware="l40s", served_model=None, estimate_model="llama-3.1-8b",
+                       engine=engine)
+    assert any("is not there" in note for note in run.summary.notes)
+    assert blind.comparison["prefix_cache_hit_rate"].predicted in (None, 0.0)
+
+
+def test_the_conversations_of_a_run_come_from_its_dataset_only_when_it_holds_them(tmp_path):
+    from speedlimit.simulator.api import replay_conversations
+
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"prompt": "a b c"}\n')
+    assert replay_conversations({"dataset": str(plain), "prompt_seed": 1}) is None
+    assert replay_conversations({"dataset": str(tmp_path), "prompt_seed": 1}) is None  # not a file
+    assert replay_conversations({"dataset": str(tmp_path / "gone.jsonl"), "prompt_seed": 1}) is None
+    assert replay_conversations({"dataset": str(plain), "prompt_seed": -4}) is None
+    assert replay_conversations({"prompt_seed": 1}) is None and replay_conversations({"dataset": str(plain)}) is None
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text('{"conversation": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},'
+                     ' {"role": "user", "content": "and"}]}\n{"prompt": "x"}\n')
+    order = replay_conversations({"dataset": str(chats), "prompt_seed": 3})
+    assert sorted(order, key=lambda c: (c is None, c)) == [1, 1, None]
+    assert "".join("t" if c == 1 else "." for c in order) in ("tt.", ".tt")  # the two turns stay together

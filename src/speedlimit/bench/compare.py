@@ -16,6 +16,7 @@ in flight (open loop, Little's law), prompt = mean prompt tokens, output = mean 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from speedlimit.artifacts import Comparison, PredictionBlock, RunSummary, ServerMetrics
@@ -88,6 +89,7 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     (`server_profile`); without any of ``tp``, ``dp`` and ``ep``, the layout the server reported (`server_layout`),
     else one device."""
     from speedlimit.simulator import replay
+    from speedlimit.simulator.api import replay_conversations
 
     architecture = _architecture(served_model, estimate_model)
     mismatch = served_file_mismatch(served_model, estimate_model, architecture, weights)
@@ -106,10 +108,16 @@ def replay_for(summary: RunSummary, records, *, hardware: str, served_model: str
     if profile is None:  # the engine the server's /metrics name, at the version it reported
         profile = server_profile(summary.server, hardware)
         detected = profile is not None
+    conversations = replay_conversations(sent)
+    if sent.get("dataset") and conversations is None and not Path(str(sent["dataset"])).is_file():
+        note = (f"the run's dataset {sent['dataset']} is not there: if its rows were conversations, the replay does "
+                "not know which turns repeat the turns before them")
+        if note not in summary.notes:
+            summary.notes.append(note)
     simulated = replay(records, summary.offered_load, architecture, hardware, engine, summary.slo,
                        prefix_tokens=int(sent.get("prefix_tokens") or 0),
                        prefix_groups=int(sent.get("prefix_groups") or 1),
-                       profile=profile, weights=weights, **layout).summary
+                       profile=profile, weights=weights, conversations=conversations, **layout).summary
     measured, predicted = replay_figures(summary), replay_figures(simulated)
     rows = {}
     for label, value in measured.items():

@@ -377,7 +377,7 @@ def build_workload(*, concurrency: int | None = None, rate: float | None = None,
                         burstiness=plan.burstiness, requests=plan.requests, duration_s=plan.duration_s,
                         arrivals=arrivals, seed=seed,
                         describe={"prompt_tokens": prompt_text, "output_tokens": str(output_tokens),
-                                  "dataset": str(dataset) if dataset else None, "seed": seed})
+                                  "dataset": str(dataset) if dataset else None, "seed": seed, "prompt_seed": draw_seed})
     return _shared_prefixes(workload, prefix_tokens, prefix_groups, conversations)
 
 
@@ -891,17 +891,46 @@ def check_engine_spec(text: str | None) -> dict[str, Any]:
 
 
 def replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None, prefix_tokens: int = 0,
-                    prefix_groups: int = 1) -> Workload:
+                    prefix_groups: int = 1, conversations: Sequence[int | None] | None = None) -> Workload:
     """The workload a measured run sent: each completed request's prompt and output tokens, and the same load
     (closed loop: its concurrency, requests issued in the same order; open loop: the measured send times).
     ``prefix_tokens``/``prefix_groups``: the run's --prefix-tokens/--prefix-groups, request i starting with prefix
-    i mod groups (exact while requests did not cycle through bench's prompt pool)."""
+    i mod groups (exact while requests did not cycle through bench's prompt pool). ``conversations``: the dataset
+    conversation of each row in the order bench sent them (`replay_conversations`; request i sent row i mod rows), whose
+    turns each hold the turns before them, as `_shared_prefixes` shares them (the measured prompts already hold the
+    prefix)."""
     workload = _replay_workload(records, load)
-    if prefix_tokens:
-        groups = _whole("prefix-groups", prefix_groups, 1, MAX_REQUESTS)
-        workload.prefix_group = [index % groups for index in workload.indices]
-        workload.shared_tokens = [min(prefix_tokens, prompt) for prompt in workload.prompts]
+    chats = conversations is not None and prefix_groups <= 1 and any(c is not None for c in conversations)
+    if not prefix_tokens and not chats:
+        return workload
+    groups = _whole("prefix-groups", prefix_groups, 1, MAX_REQUESTS)
+    group = [index % groups if prefix_tokens else -1 for index in workload.indices]
+    shared = [min(prefix_tokens, prompt) for prompt in workload.prompts]
+    parents: dict[int, tuple[int, int]] = {}
+    for i, index in enumerate(workload.indices if chats else ()):
+        conversation = conversations[index % len(conversations)]
+        if conversation is not None:
+            group[i], shared[i] = groups + conversation, workload.prompts[i]
+            if prefix_tokens:
+                parents[group[i]] = (0, prefix_tokens)
+    workload.prefix_group, workload.shared_tokens, workload.prefix_parent = group, shared, parents or None
     return workload
+
+
+def replay_conversations(sent: dict[str, Any]) -> list[int | None] | None:
+    """The dataset conversation of each row, in the order bench sent the rows, from a run's workload block (its
+    ``dataset`` and ``prompt_seed``: bench's `_dataset_order`); None where the run sent no conversations, or its
+    dataset can no longer be read (`SpeedlimitError` is not raised: the replay goes on without them)."""
+    path, seed = sent.get("dataset"), sent.get("prompt_seed")
+    if not path or seed is None:
+        return None
+    try:
+        rows = load_dataset(Path(path))
+        order = _dataset_order(rows, np.random.default_rng([checked_seed(seed), 0]))
+    except (SpeedlimitError, OSError, ValueError, TypeError):
+        return None
+    conversations = [rows[int(i)].get("_conversation") for i in order]
+    return conversations if any(c is not None for c in conversations) else None
 
 
 def _replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None) -> Workload:
@@ -926,7 +955,7 @@ def _replay_workload(records: Sequence[RequestRecord], load: LoadInfo | None) ->
 def replay(records: Sequence[RequestRecord], load: LoadInfo | None, model: Any, hardware: Any,
            engine: str | None = None, slo: dict[str, float] | None = None, prefix_tokens: int = 0,
            prefix_groups: int = 1, *, profile: Any = None, tp: int = 1, dp: int = 1, ep: int = 1,
-           weights: Any = None) -> Simulation:
+           weights: Any = None, conversations: Sequence[int | None] | None = None) -> Simulation:
     """Simulate exactly the workload a bench run sent, on ``engine`` (a spec for `parse_engine_spec`), with the
     run's shared prefixes (`replay_workload`). ``profile`` (an engines.toml name), ``tp``, ``dp``, ``ep`` and
     ``weights``: the deployment the server ran, as `simulate` takes them; with a profile its step costs and scheduler
@@ -944,4 +973,4 @@ def replay(records: Sequence[RequestRecord], load: LoadInfo | None, model: Any, 
     use_profile = profile is not None
     config = engine_config(mode if mode is not None or use_profile else "continuous", step=step,
                            use_profile=use_profile, **options)
-    return run_workload(step, config, replay_workload(records, load, prefix_tokens, prefix_groups), slo)
+    return run_workload(step, config, replay_workload(records, load, prefix_tokens, prefix_groups, conversations), slo)
