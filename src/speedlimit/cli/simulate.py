@@ -145,17 +145,15 @@ def simulate_command(
                                      "llama.cpp's server started with --parallel N (no --kv-unified): each slot its own "
                                      "KV stream, and a step runs one forward pass per run of consecutive busy slots.",
                                      default=False),
-    slot_similarity: Optional[float] = typer.Option(None, help="--slot-streams: the server's --slot-prompt-similarity "
-                                                               "(a free slot whose cached prompt shares more than this "
-                                                               "part of a new one takes it; 0: least recently used; "
-                                                               "default 0.1)."),
-    cache_ram: Optional[float] = typer.Option(None, help="--slot-streams: the server's --cache-ram in MiB, its "
-                                                         "host-memory prompt cache (0: off, -1: no limit; default "
-                                                         "8192)."),
+    slot_similarity: Optional[float] = typer.Option(None, help="llama-server (the llama.cpp engines, --slot-streams): its "
+                                                               "--slot-prompt-similarity (a free slot whose cached "
+                                                               "prompt shares more than this part of a new one takes "
+                                                               "it; 0: least recently used; default 0.1)."),
+    cache_ram: Optional[float] = typer.Option(None, help="llama-server: its --cache-ram in MiB, the host-memory "
+                                                         "prompt cache (0: off, -1: no limit; default 8192)."),
     cache_idle_slots: Optional[bool] = typer.Option(None, "--cache-idle-slots/--no-cache-idle-slots", metavar="",
-                                                    help="--slot-streams: the server saves idle slots' prompts to "
-                                                         "that cache as each request starts (default: on, as the "
-                                                         "server's)."),
+                                                    help="llama-server: it saves idle slots' prompts to that cache as "
+                                                         "each request starts (default: on, as the server's)."),
     block_size: int = typer.Option(16, help="KV-cache block size in tokens (paged attention)."),
     kv_tokens: Optional[int] = typer.Option(None, help="KV-cache capacity in tokens (default: memory beside the "
                                                        "weights; llama-server: its -c)."),

@@ -77,6 +77,13 @@ class SimulateRequest(EstimateRequest):
     slot_streams: bool = Field(False, description="llama.cpp's server started with --parallel N: each slot its own KV "
                                                   "stream, a step one forward pass per run of consecutive busy slots "
                                                   "(continuous scheduler, chunked prefill).")
+    slot_similarity: float | None = Field(None, ge=0, le=1, description="llama-server (the llama.cpp engines, "
+                                                                      "slot_streams): its --slot-prompt-similarity "
+                                                                      "(default 0.1).")
+    cache_ram: float | None = Field(None, ge=-1, le=2**40, description="llama-server: its --cache-ram prompt cache in "
+                                                                       "MiB (0: off, -1: no limit; default 8192).")
+    cache_idle_slots: bool | None = Field(None, description="llama-server: it saves idle slots' prompts to that cache "
+                                                            "as each request starts (default: on).")
     slo: str | None = Field(None, max_length=200, description="Goodput SLO as on the command line, e.g. "
                                                               "ttft=1s,tpot=50ms (keys ttft itl tpot e2e).")
 
@@ -89,6 +96,13 @@ class SimulateRequest(EstimateRequest):
             if scheduler is not None and engine is None:
                 data = {**data, "engine": None, "scheduler": scheduler}
         return data
+
+    @field_validator("cache_ram")
+    @classmethod
+    def _cache_ram(cls, value: float | None) -> float | None:
+        if value is not None and value < 0 and value != -1:
+            raise ValueError(f"cache_ram is MiB from 0 (off) up, or -1 (no limit), got {value!r}")
+        return value
 
     @field_validator("values")
     @classmethod
@@ -210,6 +224,12 @@ def _command_line(body: Any, scenario: Any, parameter: str, values: list[float],
         argv.append("--prefix-caching" if body.prefix_caching else "--no-prefix-caching")
     if body.slot_streams:
         argv.append("--slot-streams")
+    if body.slot_similarity is not None:
+        argv += ["--slot-similarity", f"{body.slot_similarity:g}"]
+    if body.cache_ram is not None:
+        argv += ["--cache-ram", f"{body.cache_ram:g}"]
+    if body.cache_idle_slots is not None:
+        argv.append("--cache-idle-slots" if body.cache_idle_slots else "--no-cache-idle-slots")
     if body.slo:
         argv += ["--slo", body.slo]
     return shlex.join(argv)
@@ -228,7 +248,8 @@ def simulate_view(body: Any, scenario: Any) -> dict[str, Any]:
     step = resolve(scenario)
     engine = engine_config(body.scheduler, max_seqs=body.max_seqs, max_batched_tokens=body.max_batched_tokens,
                            chunked_prefill=body.chunked_prefill, step=step, prefix_caching=body.prefix_caching,
-                           slot_streams=body.slot_streams)
+                           slot_streams=body.slot_streams, slot_similarity=body.slot_similarity,
+                           cache_ram=body.cache_ram, cache_idle_slots=body.cache_idle_slots)
     parameter = body.load
     prompt, output = int(scenario.prompt), int(scenario.output)
     shared = int(body.prefix_tokens)
