@@ -831,13 +831,15 @@ def sweep(step: StepModel, engine: EngineConfig, parameter: str, values: Sequenc
 # --------------------------------------------------------------------------------------------
 # replaying a measured run (bench --compare-estimate)
 
+def _spec_flag(value: str) -> bool:
+    """An engine-spec switch: 1, true, yes or on (anything else is off)."""
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
 ENGINE_SPEC_KEYS = {"max_seqs": int, "max_batched_tokens": int, "kv_tokens": int, "block_size": int,
-                    "chunked_prefill": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
-                    "prefix_caching": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
-                    "slot_streams": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
+                    "chunked_prefill": _spec_flag, "prefix_caching": _spec_flag, "slot_streams": _spec_flag,
                     "slots_used": int, "slot_history": lambda v: tuple(int(s) for s in v.split("/") if s.strip()),
-                    "slot_similarity": float, "cache_ram": float,
-                    "cache_idle_slots": lambda v: v.strip().lower() in ("1", "true", "yes", "on"),
+                    "slot_similarity": float, "cache_ram": float, "cache_idle_slots": _spec_flag,
                     "step_overhead": float, "sequence_overhead": float}
 
 
