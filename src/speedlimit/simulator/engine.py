@@ -592,7 +592,7 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
         keep_best = base / holds(held) if held >= 0 else (-1.0 if held == EMPTY else 0.0)
         sim_best = base / prompt
         evicted = 0
-        if held >= 0 and held not in saved and holds(held) <= saved_cap:
+        if savable(held):
             excess = saved_tokens + holds(held) - saved_cap
             for old in saved:
                 if excess <= 0:
@@ -609,21 +609,27 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
                 keep_best, sim_best, pick = keep, shared / prompt, other
         return pick
 
-    def save(held: int) -> None:
-        """A slot's prompt copied to the prompt cache (server-task.cpp ``server_prompt_cache::alloc``): not when it is
-        there already or larger than the cache; the oldest saved make room."""
+    def savable(held: int) -> bool:
+        """Whether `save` adds the prompt: a request's, not there already, no larger than the cache."""
+        return saved_cap > 0 and held >= 0 and held not in saved and holds(held) <= saved_cap
+
+    def unsave(held: int) -> None:
         nonlocal saved_tokens
-        if saved_cap <= 0 or held < 0 or held in saved or holds(held) > saved_cap:
+        del saved[held]
+        saved_tokens -= holds(held)
+
+    def save(held: int) -> None:
+        """A slot's prompt copied to the prompt cache (server-task.cpp ``server_prompt_cache::alloc``), where
+        `savable`; the oldest saved make room."""
+        nonlocal saved_tokens
+        if not savable(held):
             return
         while saved and saved_tokens + holds(held) > saved_cap:
-            oldest = next(iter(saved))
-            del saved[oldest]
-            saved_tokens -= holds(oldest)
+            unsave(next(iter(saved)))
         saved[held] = None
         saved_tokens += holds(held)
 
     def take_slot(rid: int, choice: tuple[int, int, bool] | None = None) -> None:
-        nonlocal saved_tokens
         slot = lru_slot() if choice is None else choice[0]
         free_slots.discard(slot)
         slot_of[rid] = slot
@@ -635,8 +641,7 @@ def replica(cost: core.CostModel, engine: EngineConfig, prompts: list[int], outp
         if refresh:
             save(own)
         if held != own and held in saved:  # loaded into the slot: it leaves the cache
-            del saved[held]
-            saved_tokens -= holds(held)
+            unsave(held)
         slot_holds[slot] = rid
         if engine.cache_idle_slots and saved_cap > 0:  # the request started: every idle slot's prompt is saved
             for idle in sorted(free_slots):
